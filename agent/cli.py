@@ -1,0 +1,169 @@
+"""The ``dra-agent`` command: run, devices, version, and backend-contributed subcommands.
+
+Every `run` option is a flag and an environment variable (see `agent.config.OPTIONS`). A bad
+option prints one line naming the flag, the value and what is accepted, and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import Any, TextIO
+
+import anyio
+import yaml
+
+from agent import __version__
+from agent.config import OPTIONS, AgentConfig, build_config
+from agent.errors import AgentError, ConfigError
+from agent.logs import setup_logging
+from agent.model import Device
+from agent.slices import attribute_to_api
+
+COMMAND_GROUP = "dra_agent.commands"
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+log = logging.getLogger("agent.cli")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(
+            EXIT_USAGE, f"dra-agent: error: {message} (see 'dra-agent {self.prog.split()[-1]} --help')\n"
+        )
+
+
+def _add_config_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
+    for option in OPTIONS:
+        if only is not None and option.field not in only:
+            continue
+        kwargs: dict[str, Any] = {
+            "dest": option.field,
+            "default": None,
+            "metavar": option.field.upper(),
+            "help": f"{option.help} [env {option.env}]",
+        }
+        if option.field == "backends":
+            kwargs["action"] = "append"
+        parser.add_argument(option.flag, **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, including subcommands that backends contribute by entry point."""
+    parser = _Parser(prog="dra-agent", description="Multi-vendor Kubernetes DRA node agent.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="run the agent")
+    _add_config_flags(run)
+    devices = sub.add_parser("devices", help="list the devices the backends discover")
+    _add_config_flags(devices, only=("backends", "node_name", "log_level", "log_format"))
+    devices.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
+    sub.add_parser("version", help="print the version")
+    for ep in entry_points(group=COMMAND_GROUP):
+        register = ep.load()
+        register(sub)
+    return parser
+
+
+def device_rows(devices: Sequence[Device]) -> list[dict[str, Any]]:
+    """Devices as plain data for yaml/json output."""
+    return [
+        {
+            "driver": d.driver,
+            "name": d.name,
+            "health": d.health.status.value,
+            "attributes": {k: attribute_to_api(v) for k, v in sorted(d.attributes.items())},
+            "capacity": {k: q.canonical() for k, q in sorted(d.capacity.items())},
+        }
+        for d in devices
+    ]
+
+
+def print_devices(devices: Sequence[Device], fmt: str, out: TextIO) -> None:
+    """Print devices as a table, YAML or JSON."""
+    if fmt == "json":
+        json.dump(device_rows(devices), out, indent=2)
+        out.write("\n")
+        return
+    if fmt == "yaml":
+        yaml.safe_dump(device_rows(devices), out, sort_keys=False)
+        return
+    rows = [("DRIVER", "DEVICE", "HEALTH", "PRODUCT", "MEMORY", "TYPE")]
+    for d in devices:
+        memory = d.capacity.get("memory")
+        rows.append(
+            (
+                d.driver,
+                d.name,
+                d.health.status.value,
+                str(d.attributes.get("productName", d.product)),
+                memory.canonical() if memory else "-",
+                str(d.attributes.get("type", "-")),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+    if len(rows) == 1:
+        out.write("no devices found\n")
+
+
+async def _list_devices(config: AgentConfig) -> list[Device]:
+    from agent.app import create_backends
+
+    found: list[Device] = []
+    for backend in create_backends(config):
+        await backend.start()
+        try:
+            found.extend(await backend.discover())
+        finally:
+            await backend.stop()
+    return found
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    """Build the config from parsed flags and the environment."""
+    return build_config({o.field: getattr(args, o.field, None) for o in OPTIONS})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dra-agent`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "version":
+            print(f"dra-agent {__version__}")
+            return 0
+        if args.command == "devices":
+            config = config_from_args(args)
+            setup_logging(config.log_format, config.log_level)
+            print_devices(anyio.run(_list_devices, config), args.output, sys.stdout)
+            return 0
+        if args.command == "run":
+            config = config_from_args(args)
+            setup_logging(config.log_format, config.log_level)
+            from agent.runner import run_agent
+
+            anyio.run(run_agent, config)
+            return 0
+        handler = getattr(args, "handler", None)
+        if handler is None:
+            parser.error(f"unknown command {args.command}")
+        result: int = handler(args)
+        return result
+    except ConfigError as error:
+        print(f"dra-agent: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except AgentError as error:
+        print(f"dra-agent: error: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Vendor backends behind agent.backend.Backend."""
