@@ -1,1 +1,96 @@
-"""fake backend."""
+"""The fake backend: devices from a YAML profile, with faults injected at run time.
+
+Settings (``--backend fake:key=value,...``):
+
+``profile``
+    A shipped profile (``nvidia-a100-8x``, ``amd-mi300x-8x``, ``amd-mi300x-8x-cpx``, ``mixed``)
+    or the path of a profile file (see `backends.fake.profile`); default ``mixed``.
+``control``
+    Path of the control socket for ``dra-agent fake ...``; default
+    ``/tmp/dra-agent-fake-<node>.sock``; ``off`` disables it.
+``prepare_fail``, ``prepare_fail_rate``, ``prepare_latency``, ``seed``
+    Prepare fault injection (see `backends.fake.backend`).
+
+A driver name given with the backend (``driver=...``) renames the driver of a one-driver profile.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from agent.backend import Backend, BackendOptions
+from agent.clock import Clock, SystemClock
+from agent.errors import ConfigError
+from backends.fake.backend import FakeBackend, FaultInjector, PrepareFaults, with_driver
+from backends.fake.profile import load_profile
+
+# `driver` comes through `BackendOptions.driver_name`; it is listed so that it is accepted here.
+SETTINGS = ("driver", "profile", "control", "prepare_fail", "prepare_fail_rate", "prepare_latency", "seed")
+DEFAULT_PROFILE = "mixed"
+
+
+def default_control_path(node_name: str) -> str:
+    """Where the control socket lives when ``control`` is not set."""
+    return f"/tmp/dra-agent-fake-{node_name or 'node'}.sock"
+
+
+def _float(key: str, text: str, low: float, high: float) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:
+        raise ConfigError(f"--backend fake setting {key}", text, f"a number from {low:g} to {high:g}")
+    return value
+
+
+def prepare_faults(settings: dict[str, str]) -> PrepareFaults:
+    """Parse the prepare fault settings."""
+    # '+' separates names: ',' already separates the settings of --backend.
+    names = frozenset(n.strip() for n in re.split(r"[+,\s]", settings.get("prepare_fail", "")) if n.strip())
+    seed_text = settings.get("seed", "0")
+    if not seed_text.lstrip("-").isdigit():
+        raise ConfigError("--backend fake setting seed", seed_text, "an integer")
+    return PrepareFaults(
+        fail_devices=names - {"*"},
+        fail_all="*" in names,
+        fail_rate=_float("prepare_fail_rate", settings.get("prepare_fail_rate", "0"), 0.0, 1.0),
+        latency=_float("prepare_latency", settings.get("prepare_latency", "0"), 0.0, 3600.0),
+        seed=int(seed_text),
+    )
+
+
+def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[Backend]:
+    """One `FakeBackend` per driver of the profile, sharing one fault injector and control socket."""
+    settings = dict(options.settings)
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise ConfigError(
+            f"--backend fake setting {unknown[0]}",
+            settings[unknown[0]],
+            f"one of the settings {', '.join(SETTINGS)}",
+        )
+    profile = load_profile(settings.get("profile", DEFAULT_PROFILE))
+    control = settings.get("control", default_control_path(options.node_name))
+    faults = prepare_faults(settings)
+    if options.driver_name and len(profile.drivers) != 1:
+        raise ConfigError(
+            "--backend fake driver",
+            options.driver_name,
+            f"no driver name: profile {profile.source} has {len(profile.drivers)} drivers "
+            "(a driver name only renames the driver of a one-driver profile)",
+        )
+    clock = clock or SystemClock()
+    injector = FaultInjector(clock=clock, control_path="" if control == "off" else control)
+    backends: list[Backend] = []
+    for driver in profile.drivers:
+        name = options.driver_name or driver.name
+        devices = with_driver(driver.devices, name) if name != driver.name else list(driver.devices)
+        backends.append(
+            FakeBackend(name, devices, injector, vendor=driver.vendor, prepare_faults=faults, clock=clock)
+        )
+    return backends
+
+
+__all__ = ["DEFAULT_PROFILE", "FakeBackend", "FaultInjector", "create_backend", "default_control_path"]

@@ -1,0 +1,497 @@
+"""The fake backend: devices from a profile, faults injected at run time, plausible container edits.
+
+`FaultInjector` is shared by every `FakeBackend` made by one `create_backend` call: it finds the
+device a fault names, keeps what is active (for ``fake list``), hands `HealthEvent`s to the
+backend's health monitor and runs the control socket (`backends.fake.control`). Conditions carry
+the same names, severities and kinds as the real backends' (`CONDITIONS`), so the taint policy
+sees the same shapes from the fake as from hardware.
+
+Prepare fault injection (backend settings, all optional):
+
+``prepare_fail``
+    Device names joined by ``+`` (``gpu-0+gpu-3``) whose prepare fails with `BackendError`, or ``*``
+    for all.
+``prepare_fail_rate``
+    Probability (0 to 1) that any prepare fails; drawn from a generator seeded by ``seed``.
+``prepare_latency``
+    Seconds every prepare takes (slept on the backend's clock).
+``seed``
+    Seed of the failure draws and telemetry noise (default 0), so runs repeat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+import re
+import zlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import anyio
+
+from agent.backend import (
+    ClaimRef,
+    ConditionKind,
+    ContainerEdits,
+    DeviceNode,
+    DeviceTelemetry,
+    HealthEvent,
+    HealthSink,
+)
+from agent.clock import Clock, SystemClock
+from agent.errors import BackendError, DeviceNotFoundError
+from agent.logs import log_fields
+from agent.model import Device, Severity
+
+log = logging.getLogger("agent.fake")
+
+CONDITIONS: dict[str, tuple[Severity, ConditionKind]] = {
+    # NVIDIA
+    "xid": (Severity.CRITICAL, ConditionKind.EVENT),
+    "gpu-lost": (Severity.CRITICAL, ConditionKind.STATE),
+    "ecc-uncorrectable": (Severity.CRITICAL, ConditionKind.EVENT),
+    "unmonitored": (Severity.INFO, ConditionKind.STATE),
+    # AMD
+    "gpu-reset": (Severity.CRITICAL, ConditionKind.EVENT),
+    "ring-hang": (Severity.CRITICAL, ConditionKind.EVENT),
+    "thermal-throttle": (Severity.INFO, ConditionKind.EVENT),
+}
+"""Condition -> (default severity, kind), as the NVIDIA and AMD backends report them."""
+
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+"""XIDs caused by the application, not the GPU: informational by default."""
+
+UNKNOWN_CONDITION = (Severity.WARNING, ConditionKind.EVENT)
+MAX_QUEUED_EVENTS = 100_000
+_CONDITION_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_GPU_MINOR = re.compile(r"^gpu-(\d+)")
+
+
+class FaultError(BackendError):
+    """A fault-injection request cannot be carried out (unknown device, bad condition...)."""
+
+
+def condition_defaults(condition: str, value: str) -> tuple[Severity, ConditionKind]:
+    """The severity and kind a real backend would report for `condition` with `value`."""
+    severity, kind = CONDITIONS.get(condition, UNKNOWN_CONDITION)
+    if condition == "xid" and value.isdigit() and int(value) in APPLICATION_XIDS:
+        severity = Severity.INFO
+    return severity, kind
+
+
+@dataclass(frozen=True)
+class PrepareFaults:
+    """Injected prepare failures and latency (see the module docstring)."""
+
+    fail_devices: frozenset[str] = frozenset()
+    fail_all: bool = False
+    fail_rate: float = 0.0
+    latency: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class ActiveFault:
+    """A condition injected and not yet recovered."""
+
+    device: str
+    condition: str
+    value: str
+    severity: Severity
+    kind: ConditionKind
+    since: float
+    count: int = 1
+
+
+class FakeBackend:
+    """A `Backend` serving one driver's devices from a profile."""
+
+    def __init__(
+        self,
+        driver_name: str,
+        devices: Sequence[Device],
+        injector: FaultInjector,
+        *,
+        vendor: str = "generic",
+        prepare_faults: PrepareFaults | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._driver = driver_name
+        self._devices = {d.name: d for d in devices}
+        self._vendor = vendor
+        self._faults = prepare_faults or PrepareFaults()
+        self._random = random.Random(self._faults.seed)
+        self._clock = clock or SystemClock()
+        self._injector = injector
+        self.lost: set[str] = set()
+        self.active: dict[tuple[str, str, str], ActiveFault] = {}
+        self.prepared: dict[tuple[str, str], ContainerEdits] = {}
+        self._queue: deque[HealthEvent] = deque()
+        self._wake: anyio.Event | None = None
+        self._dropped = 0
+        self._last_xid: dict[str, int] = {}
+        self._ecc: dict[str, int] = {}
+        injector.add(self)
+
+    @property
+    def driver_name(self) -> str:
+        return self._driver
+
+    @property
+    def vendor(self) -> str:
+        return self._vendor
+
+    @property
+    def injector(self) -> FaultInjector:
+        """The fault injector shared with the other backends of the same `create_backend` call."""
+        return self._injector
+
+    def has(self, device: str) -> bool:
+        """Whether the profile has `device` (lost or not)."""
+        return device in self._devices
+
+    def all_devices(self) -> dict[str, Device]:
+        """Every device of the profile, lost or not."""
+        return dict(self._devices)
+
+    async def start(self) -> None:
+        log.info("fake backend started", extra=log_fields(driver=self._driver, devices=len(self._devices)))
+
+    async def stop(self) -> None:
+        self._injector.remove_stale_socket()
+
+    async def discover(self) -> Sequence[Device]:
+        # A lost device falls off the bus: it is not discovered until recovered.
+        return [d for name, d in sorted(self._devices.items()) if name not in self.lost]
+
+    async def monitor_health(self, sink: HealthSink) -> None:
+        """Forward injected faults to `sink`; also serves the control socket (one per injector)."""
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._serve_control)
+            try:
+                await self._forward(sink)
+            except Exception as error:  # re-raised below, unwrapped, for the supervisor's log
+                failure = error
+            tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+
+    async def _forward(self, sink: HealthSink) -> None:
+        while True:
+            while self._queue:
+                event = self._queue[0]
+                await sink(event)
+                self._queue.popleft()  # only once delivered: a failed sink sees it again on restart
+            self._wake = anyio.Event()
+            await self._wake.wait()
+
+    async def _serve_control(self) -> None:
+        try:
+            await self._injector.serve_control()
+        except Exception as error:
+            # Health monitoring goes on without the control socket.
+            log.error(
+                "fake control socket failed; fault injection at run time is off",
+                extra=log_fields(driver=self._driver, error=str(error)),
+            )
+
+    def emit(self, event: HealthEvent) -> None:
+        """Queue `event` for the health monitor (never blocks; drops the oldest when far behind)."""
+        if len(self._queue) >= MAX_QUEUED_EVENTS:
+            self._queue.popleft()
+            self._dropped += 1
+            if self._dropped == 1:
+                log.warning(
+                    "fake health queue full; dropping the oldest events (is the health monitor running?)",
+                    extra=log_fields(driver=self._driver, limit=MAX_QUEUED_EVENTS),
+                )
+        self._queue.append(event)
+        if event.condition == "xid" and event.value.isdigit() and not event.cleared:
+            self._last_xid[event.device] = int(event.value)
+        if event.condition == "ecc-uncorrectable" and not event.cleared:
+            self._ecc[event.device] = self._ecc.get(event.device, 0) + 1
+        if self._wake is not None:
+            self._wake.set()
+
+    def group_of(self, device: str) -> list[str]:
+        """`device` and every device sharing its physical GPU (MIG devices, partitions)."""
+        parent = self._devices[device].parent or device
+        return sorted(n for n, d in self._devices.items() if (d.parent or n) == parent)
+
+    async def prepare(self, device: str, claim: ClaimRef) -> ContainerEdits:
+        found = self._devices.get(device)
+        if found is None or device in self.lost:
+            raise DeviceNotFoundError(self._driver, device)
+        key = (claim.uid, device)
+        if key in self.prepared:
+            return self.prepared[key]
+        if self._faults.latency > 0:
+            await self._clock.sleep(self._faults.latency)
+        if (
+            self._faults.fail_all
+            or device in self._faults.fail_devices
+            or (self._faults.fail_rate > 0 and self._random.random() < self._faults.fail_rate)
+        ):
+            raise BackendError(
+                f"fake backend {self._driver}: injected prepare failure for device {device!r} "
+                "(backend settings prepare_fail / prepare_fail_rate)"
+            )
+        edits = self._edits(found)
+        self.prepared[key] = edits
+        return edits
+
+    async def unprepare(self, device: str, claim: ClaimRef) -> None:
+        self.prepared.pop((claim.uid, device), None)
+
+    def _edits(self, device: Device) -> ContainerEdits:
+        if self._vendor == "nvidia":
+            match = _GPU_MINOR.match(device.parent or device.name)
+            minor = int(match.group(1)) if match else 0
+            nodes = [f"/dev/nvidia{minor}", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+            if device.attributes.get("type") == "mig":
+                # MIG capability nodes: one per GPU/compute instance in the real driver.
+                nodes.append(f"/dev/nvidia-caps/nvidia-cap{minor * 9 + 1}")
+            uuid = device.uuid or device.name
+            return ContainerEdits(
+                device_nodes=tuple(DeviceNode(p, type="c") for p in nodes),
+                env={"NVIDIA_VISIBLE_DEVICES": uuid},
+                list_env=frozenset({"NVIDIA_VISIBLE_DEVICES"}),
+            )
+        if self._vendor == "amd":
+            render = device.attributes.get("renderIndex", 128)
+            card = device.attributes.get("cardIndex", 0)
+            nodes = ["/dev/kfd", f"/dev/dri/renderD{render}", f"/dev/dri/card{card}"]
+            return ContainerEdits(device_nodes=tuple(DeviceNode(p, type="c") for p in nodes))
+        return ContainerEdits(
+            env={"FAKE_VISIBLE_DEVICES": device.name}, list_env=frozenset({"FAKE_VISIBLE_DEVICES"})
+        )
+
+    async def telemetry(self) -> Sequence[DeviceTelemetry]:
+        """Synthetic counters: a slow wave per device (phase from its name), deterministic per time."""
+        now = self._clock.time()
+        out = []
+        for name, device in sorted(self._devices.items()):
+            if name in self.lost:
+                continue
+            phase = zlib.crc32(name.encode()) % 1000 / 1000 * 2 * math.pi
+            util = round(0.5 + 0.45 * math.sin(now / 60 + phase), 3)
+            memory = device.capacity.get("memory")
+            total = int(memory.value) if memory is not None else None
+            out.append(
+                DeviceTelemetry(
+                    device=name,
+                    utilization_ratio=util,
+                    memory_used_bytes=int(total * util * 0.9) if total is not None else None,
+                    memory_total_bytes=total,
+                    temperature_celsius=round(35 + 45 * util, 1),
+                    power_watts=round(90 + 310 * util, 1),
+                    ecc_corrected_total=0,
+                    ecc_uncorrected_total=self._ecc.get(name, 0),
+                    last_error_code=self._last_xid.get(name),
+                    read_at=now,
+                )
+            )
+        return out
+
+
+@dataclass
+class FaultInjector:
+    """Injects faults into the fake backends of one `create_backend` call; serves the control socket."""
+
+    clock: Clock = field(default_factory=SystemClock)
+    control_path: str = ""
+    backends: dict[str, FakeBackend] = field(default_factory=dict)
+    _serving: bool = field(default=False, init=False)
+    _serving_done: anyio.Event | None = field(default=None, init=False)
+
+    def add(self, backend: FakeBackend) -> None:
+        self.backends[backend.driver_name] = backend
+
+    # -- lookup -------------------------------------------------------------------------------
+
+    def find(self, device: str, driver: str | None = None) -> FakeBackend:
+        """The backend that has `device`, or `FaultError` saying what to do."""
+        if driver is not None:
+            backend = self.backends.get(driver)
+            if backend is None:
+                raise FaultError(f"no fake driver {driver!r}; drivers are {', '.join(sorted(self.backends))}")
+            if not backend.has(device):
+                raise FaultError(
+                    f"driver {driver!r} has no device {device!r}; see 'dra-agent fake list' for the devices"
+                )
+            return backend
+        found = [b for b in self.backends.values() if b.has(device)]
+        if not found:
+            raise FaultError(
+                f"no device {device!r} on any fake driver; run 'dra-agent fake list' to see the devices"
+            )
+        if len(found) > 1:
+            names = ", ".join(sorted(b.driver_name for b in found))
+            raise FaultError(
+                f"device {device!r} exists on several drivers ({names}); choose one with --driver"
+            )
+        return found[0]
+
+    # -- the FaultController protocol ------------------------------------------------------------
+
+    async def inject(
+        self,
+        device: str,
+        condition: str,
+        value: str = "",
+        *,
+        driver: str | None = None,
+        severity: Severity | None = None,
+        kind: ConditionKind | None = None,
+        message: str = "",
+    ) -> list[str]:
+        """Report `condition` on `device`; returns the affected ``driver/device`` names."""
+        return self.inject_now(
+            device, condition, value, driver=driver, severity=severity, kind=kind, message=message
+        )
+
+    def inject_now(
+        self,
+        device: str,
+        condition: str,
+        value: str = "",
+        *,
+        driver: str | None = None,
+        severity: Severity | None = None,
+        kind: ConditionKind | None = None,
+        message: str = "",
+    ) -> list[str]:
+        """Synchronous `inject` (cheap enough for storms of thousands per second)."""
+        if not _CONDITION_NAME.match(condition):
+            raise FaultError(
+                f"condition {condition!r} must be lower-case letters, digits and '-' (e.g. xid, gpu-lost)"
+            )
+        if condition == "gpu-lost":
+            return self.lose_now(device, driver=driver)
+        backend = self.find(device, driver)
+        default_severity, default_kind = condition_defaults(condition, value)
+        severity = severity or default_severity
+        kind = kind or default_kind
+        now = self.clock.time()
+        key = (device, condition, value)
+        active = backend.active.get(key)
+        if active is None:
+            backend.active[key] = ActiveFault(device, condition, value, severity, kind, now)
+        else:
+            active.count += 1
+            active.severity, active.kind = severity, kind
+        backend.emit(HealthEvent(device, condition, severity, value, message, kind, at=now))
+        return [f"{backend.driver_name}/{device}"]
+
+    async def lose(self, device: str, *, driver: str | None = None) -> list[str]:
+        """Make the GPU of `device` fall off the bus: every device sharing it is lost."""
+        return self.lose_now(device, driver=driver)
+
+    def lose_now(self, device: str, *, driver: str | None = None) -> list[str]:
+        backend = self.find(device, driver)
+        now = self.clock.time()
+        affected = []
+        for name in backend.group_of(device):
+            backend.lost.add(name)
+            backend.active.setdefault(
+                (name, "gpu-lost", ""),
+                ActiveFault(name, "gpu-lost", "", Severity.CRITICAL, ConditionKind.STATE, now),
+            )
+            backend.emit(
+                HealthEvent(
+                    name,
+                    "gpu-lost",
+                    Severity.CRITICAL,
+                    message="GPU fell off the bus",
+                    kind=ConditionKind.STATE,
+                    at=now,
+                )
+            )
+            affected.append(f"{backend.driver_name}/{name}")
+        return affected
+
+    async def recover(
+        self, device: str, condition: str | None = None, *, driver: str | None = None
+    ) -> list[str]:
+        """Clear `condition` (or every condition) of `device`; a lost GPU comes back."""
+        backend = self.find(device, driver)
+        now = self.clock.time()
+        names = [device]
+        if device in backend.lost and condition in (None, "gpu-lost"):
+            names = [n for n in backend.group_of(device) if n in backend.lost]
+            backend.lost.difference_update(names)
+        cleared: list[str] = []
+        for name in names:
+            keys = [k for k in backend.active if k[0] == name and condition in (None, k[1])]
+            for key in keys:
+                fault = backend.active.pop(key)
+                backend.emit(
+                    HealthEvent(
+                        name, fault.condition, fault.severity, fault.value, "recovered", fault.kind, True, now
+                    )
+                )
+            if keys:
+                cleared.append(f"{backend.driver_name}/{name}")
+        if condition is not None and not cleared:
+            # Clear it anyway: the agent may hold a condition this process no longer remembers.
+            severity, kind = condition_defaults(condition, "")
+            backend.emit(HealthEvent(device, condition, severity, "", "recovered", kind, True, now))
+            cleared.append(f"{backend.driver_name}/{device}")
+        return cleared
+
+    def snapshot(self) -> list[dict[str, object]]:
+        """Every device with its state and injected faults, for ``fake list``."""
+        rows: list[dict[str, object]] = []
+        for driver, backend in sorted(self.backends.items()):
+            for name in sorted(backend.all_devices()):
+                faults = [
+                    {
+                        "condition": f.condition,
+                        "value": f.value,
+                        "severity": f.severity.label,
+                        "kind": f.kind.value,
+                        "since": f.since,
+                        "count": f.count,
+                    }
+                    for (dev, _, _), f in sorted(backend.active.items())
+                    if dev == name
+                ]
+                lost = name in backend.lost
+                rows.append({"driver": driver, "device": name, "lost": lost, "faults": faults})
+        return rows
+
+    # -- control socket ---------------------------------------------------------------------------
+
+    async def serve_control(self) -> None:
+        """Serve the control socket while this task runs; one server per injector (others wait)."""
+        from backends.fake.control import serve_control
+
+        if not self.control_path:
+            await anyio.sleep_forever()
+        while True:
+            if self._serving and self._serving_done is not None:
+                await self._serving_done.wait()
+                continue
+            self._serving, self._serving_done = True, anyio.Event()
+            try:
+                await serve_control(self, self.control_path, self.clock)
+            finally:
+                self._serving = False
+                self._serving_done.set()
+
+    def remove_stale_socket(self) -> None:
+        """Remove the control socket file when no server holds it (called on stop)."""
+        from backends.fake.control import unlink_socket
+
+        if self.control_path and not self._serving:
+            unlink_socket(self.control_path)
+
+
+def with_driver(devices: Sequence[Device], driver: str) -> list[Device]:
+    """`devices` under another driver name (validated again)."""
+    return [dataclasses.replace(d, driver=driver) for d in devices]
