@@ -1,0 +1,17 @@
+"""A strict Kubernetes API emulator for tests and demos (never imported by the agent's runtime).
+
+It serves core/v1 nodes, namespaces and events, events.k8s.io/v1 events and resource.k8s.io
+resourceslices, resourceclaims (with ``status``), resourceclaimtemplates, deviceclasses and
+devicetaintrules over real HTTP, with the versions a chosen Kubernetes release serves, the
+apiserver's validation limits, resourceVersions, watches, feature gates and fault injection::
+
+    async with KubeApiEmulator(version="1.34") as emu:
+        uid = emu.add_node("node-a")
+        ...
+"""
+
+from agent.emulator.errors import ApiError, Cause
+from agent.emulator.faults import Faults
+from agent.emulator.server import KubeApiEmulator
+
+__all__ = ["ApiError", "Cause", "Faults", "KubeApiEmulator"]

@@ -1,0 +1,299 @@
+"""Unknown-field handling for resource.k8s.io bodies, as the apiserver's decoder does it.
+
+By default (``fieldValidation=Warn``) unknown fields are dropped and reported in a ``Warning``
+header; with ``fieldValidation=Strict`` they fail the request with 400. A v1-shaped device sent to
+v1beta1 (fields outside ``basic``) is the classic mistake this catches. Only the parts of the schema
+a node agent writes are described; other fields pass through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.emulator.resources import RESOURCE_GROUP, ResourceType
+
+JSON = dict[str, Any]
+
+_TOP = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
+_SLICE_SPEC = frozenset(
+    {
+        "driver",
+        "pool",
+        "nodeName",
+        "nodeSelector",
+        "allNodes",
+        "devices",
+        "perDeviceNodeSelection",
+        "sharedCounters",
+    }
+)
+_POOL = frozenset({"name", "generation", "resourceSliceCount"})
+_DEVICE_FIELDS = frozenset(
+    {
+        "attributes",
+        "capacity",
+        "consumesCounters",
+        "nodeName",
+        "nodeSelector",
+        "allNodes",
+        "taints",
+        "bindsToNode",
+        "bindingConditions",
+        "bindingFailureConditions",
+        "allowMultipleAllocations",
+    }
+)
+_TAINT = frozenset({"key", "value", "effect", "timeAdded"})
+_ATTRIBUTE = frozenset({"int", "bool", "string", "version"})
+_CAPACITY = frozenset({"value", "requestPolicy"})
+
+
+def prune_unknown(rtype: ResourceType, version: str, body: JSON) -> list[str]:
+    """Remove unknown fields from body in place; returns their paths (served-version shape)."""
+    if rtype.group != RESOURCE_GROUP:
+        return []
+    unknown: list[str] = []
+    _prune(body, _TOP, "", unknown)
+    if rtype.plural != "resourceslices":
+        return unknown
+    spec = body.get("spec")
+    if not isinstance(spec, dict):
+        return unknown
+    _prune(spec, _SLICE_SPEC, "spec.", unknown)
+    if isinstance(spec.get("pool"), dict):
+        _prune(spec["pool"], _POOL, "spec.pool.", unknown)
+    devices = spec.get("devices")
+    for i, device in enumerate(devices if isinstance(devices, list) else []):
+        if not isinstance(device, dict):
+            continue
+        path = f"spec.devices[{i}]."
+        if version == "v1beta1":
+            _prune(device, frozenset({"name", "basic"}), path, unknown)
+            fields = device.get("basic")
+            path += "basic."
+        else:
+            _prune(device, _DEVICE_FIELDS | {"name"}, path, unknown)
+            fields = device
+        if not isinstance(fields, dict):
+            continue
+        if fields is not device:
+            _prune(fields, _DEVICE_FIELDS, path, unknown)
+        for name, attribute in _map(fields.get("attributes")):
+            if isinstance(attribute, dict):
+                _prune(attribute, _ATTRIBUTE, f"{path}attributes.{name}.", unknown)
+        for name, capacity in _map(fields.get("capacity")):
+            if isinstance(capacity, dict):
+                _prune(capacity, _CAPACITY, f"{path}capacity.{name}.", unknown)
+        taints = fields.get("taints")
+        for j, item in enumerate(taints if isinstance(taints, list) else []):
+            if isinstance(item, dict):
+                _prune(item, _TAINT, f"{path}taints[{j}].", unknown)
+    return unknown
+
+
+def _map(value: object) -> list[tuple[str, Any]]:
+    return [(str(k), v) for k, v in value.items()] if isinstance(value, dict) else []
+
+
+def _prune(obj: JSON, known: frozenset[str], prefix: str, unknown: list[str]) -> None:
+    for key in [k for k in obj if k not in known]:
+        del obj[key]
+        unknown.append(f"{prefix}{key}")
+
+
+# ----- type checking, as the decoder does before validation ------------------------------------------
+# A type is "string", "integer", "boolean", "object" (any JSON object), "any", "quantity" (string or
+# integer), ("list", T), ("map", T) or a dict of field -> T (a struct; unknown fields were pruned).
+Type = Any
+
+_OBJ = "object"
+_TAINT_T: Type = {"key": "string", "value": "string", "effect": "string", "timeAdded": "string"}
+_OWNER_T: Type = {
+    "apiVersion": "string",
+    "kind": "string",
+    "name": "string",
+    "uid": "string",
+    "controller": "boolean",
+    "blockOwnerDeletion": "boolean",
+}
+METADATA_T: Type = {
+    "name": "string",
+    "generateName": "string",
+    "namespace": "string",
+    "uid": "string",
+    "resourceVersion": "string",
+    "generation": "integer",
+    "creationTimestamp": "string",
+    "deletionTimestamp": "string",
+    "deletionGracePeriodSeconds": "integer",
+    "labels": ("map", "string"),
+    "annotations": ("map", "string"),
+    "ownerReferences": ("list", _OWNER_T),
+    "finalizers": ("list", "string"),
+    "managedFields": ("list", _OBJ),
+    "selfLink": "string",
+}
+_DEVICE_T: Type = {
+    "name": "string",
+    "attributes": ("map", {"int": "integer", "bool": "boolean", "string": "string", "version": "string"}),
+    "capacity": ("map", {"value": "quantity", "requestPolicy": _OBJ}),
+    "consumesCounters": ("list", _OBJ),
+    "nodeName": "string",
+    "nodeSelector": _OBJ,
+    "allNodes": "boolean",
+    "taints": ("list", _TAINT_T),
+    "bindsToNode": "boolean",
+    "bindingConditions": ("list", "string"),
+    "bindingFailureConditions": ("list", "string"),
+    "allowMultipleAllocations": "boolean",
+}
+SLICE_T: Type = {
+    "spec": {
+        "driver": "string",
+        "pool": {"name": "string", "generation": "integer", "resourceSliceCount": "integer"},
+        "nodeName": "string",
+        "nodeSelector": _OBJ,
+        "allNodes": "boolean",
+        "perDeviceNodeSelection": "boolean",
+        "sharedCounters": ("list", _OBJ),
+        "devices": ("list", _DEVICE_T),
+    }
+}
+_EXACT_T: Type = {
+    "deviceClassName": "string",
+    "selectors": ("list", _OBJ),
+    "allocationMode": "string",
+    "count": "integer",
+    "adminAccess": "boolean",
+    "tolerations": ("list", _OBJ),
+    "capacity": _OBJ,
+}
+_CLAIM_SPEC_T: Type = {
+    "devices": {
+        "requests": ("list", {"name": "string", "exactly": _EXACT_T, "firstAvailable": ("list", _OBJ)}),
+        "constraints": ("list", _OBJ),
+        "config": ("list", _OBJ),
+    }
+}
+CLAIM_T: Type = {
+    "spec": _CLAIM_SPEC_T,
+    "status": {
+        "allocation": {
+            "devices": {
+                "results": (
+                    "list",
+                    {
+                        "request": "string",
+                        "driver": "string",
+                        "pool": "string",
+                        "device": "string",
+                        "adminAccess": "boolean",
+                        "tolerations": ("list", _OBJ),
+                        "shareID": "string",
+                        "consumedCapacity": _OBJ,
+                        "bindingConditions": ("list", "string"),
+                        "bindingFailureConditions": ("list", "string"),
+                    },
+                ),
+                "config": ("list", _OBJ),
+            },
+            "nodeSelector": _OBJ,
+            "allocationTimestamp": "string",
+        },
+        "reservedFor": (
+            "list",
+            {"apiGroup": "string", "resource": "string", "name": "string", "uid": "string"},
+        ),
+        "devices": (
+            "list",
+            {
+                "driver": "string",
+                "pool": "string",
+                "device": "string",
+                "shareID": "string",
+                "conditions": ("list", _OBJ),
+                "data": "any",
+                "networkData": {
+                    "interfaceName": "string",
+                    "ips": ("list", "string"),
+                    "hardwareAddress": "string",
+                },
+            },
+        ),
+    },
+}
+TAINT_RULE_T: Type = {
+    "spec": {"deviceSelector": {"driver": "string", "pool": "string", "device": "string"}, "taint": _TAINT_T},
+    "status": {"conditions": ("list", _OBJ)},
+}
+_TYPES: dict[str, Type] = {
+    "resourceslices": SLICE_T,
+    "resourceclaims": CLAIM_T,
+    "resourceclaimtemplates": {"spec": {"metadata": METADATA_T, "spec": _CLAIM_SPEC_T}},
+    "devicetaintrules": TAINT_RULE_T,
+}
+
+
+def _json_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _check(value: Any, expected: Type, path: str) -> str | None:
+    """The first type mismatch as the decoder words it, or None. Drops JSON nulls (Go zero values)."""
+    if expected == "any":
+        return None
+    ok = {
+        "string": isinstance(value, str),
+        "integer": isinstance(value, int) and not isinstance(value, bool),
+        "boolean": isinstance(value, bool),
+        "object": isinstance(value, dict),
+        "quantity": isinstance(value, (str, int)) and not isinstance(value, bool),
+    }
+    if isinstance(expected, str):
+        if ok[expected]:
+            return None
+        return f"cannot unmarshal {_json_type(value)} into Go struct field {path} of type {expected}"
+    if isinstance(expected, tuple):
+        kind, inner = expected
+        if kind == "list":
+            if not isinstance(value, list):
+                return f"cannot unmarshal {_json_type(value)} into Go struct field {path} of type []"
+            for i, item in enumerate(value):
+                error = _check(item, inner, f"{path}[{i}]")
+                if error:
+                    return error
+            return None
+        if not isinstance(value, dict):
+            return f"cannot unmarshal {_json_type(value)} into Go struct field {path} of type map"
+        for key, item in value.items():
+            error = _check(item, inner, f"{path}[{key}]")
+            if error:
+                return error
+        return None
+    if not isinstance(value, dict):
+        return f"cannot unmarshal {_json_type(value)} into Go struct field {path} of type struct"
+    for key in [k for k, v in value.items() if v is None and k in expected]:
+        del value[key]
+    for key, inner in expected.items():
+        if key in value:
+            error = _check(value[key], inner, f"{path}.{key}" if path else key)
+            if error:
+                return error
+    return None
+
+
+def type_error(plural: str, obj: JSON) -> str | None:
+    """Check an internal-form object's field types; returns the decoder's complaint or None."""
+    error = _check(obj.get("metadata", {}), METADATA_T, "metadata")
+    if error:
+        return error
+    expected = _TYPES.get(plural)
+    return _check(obj, expected, "") if expected is not None else None
