@@ -7,10 +7,13 @@ v1beta1 wraps each device's fields in ``basic``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agent.errors import QuantityError
 from agent.model import Device, Version
+from agent.quantity import Quantity
 from agent.taints import DeviceTaint
 
 MAX_DEVICES_PER_SLICE = 128
@@ -88,8 +91,6 @@ def chunk_devices(
 
 
 def _natural_key(name: str) -> list[Any]:
-    import re
-
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
@@ -139,10 +140,11 @@ def build_pool(
     taints: Mapping[str, Sequence[DeviceTaint]],
     generation: int = 0,
     api_version: str = "v1",
+    max_with_taints: int = MAX_DEVICES_PER_SLICE_WITH_TAINTS,
 ) -> list[dict[str, Any]]:
     """All slices of one driver's pool on this node (at least one, even when empty)."""
     tainted = {name for name, ts in taints.items() if ts}
-    chunks = chunk_devices(devices, tainted)
+    chunks = chunk_devices(devices, tainted, max_with_taints=max_with_taints)
     return [
         build_slice(
             driver=driver,
@@ -156,3 +158,80 @@ def build_pool(
         )
         for chunk in chunks
     ]
+
+
+def natural_sorted(names: Sequence[str]) -> list[str]:
+    """Device names in natural order (``gpu-2`` before ``gpu-10``), the order slices use."""
+    return sorted(names, key=_natural_key)
+
+
+def flat_device(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``spec.devices[]`` entry in the flat v1 shape (v1beta1's ``basic`` unwrapped)."""
+    basic = entry.get("basic")
+    if isinstance(basic, Mapping):
+        return {"name": entry.get("name"), **basic}
+    return dict(entry)
+
+
+def _quantity_key(value: Any) -> Any:
+    raw = value.get("value") if isinstance(value, Mapping) else value
+    try:
+        return Quantity.parse(raw).value if isinstance(raw, str | int) else raw
+    except QuantityError:
+        return raw
+
+
+def taint_identity(taint: Mapping[str, Any]) -> tuple[str, str, str]:
+    """What makes two taints the same, ignoring ``timeAdded`` (which the API server fills in)."""
+    return (str(taint.get("key", "")), str(taint.get("value", "") or ""), str(taint.get("effect", "")))
+
+
+def semantic_device(entry: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A comparable form of a device entry: quantities by value, taints without ``timeAdded``.
+
+    Equal forms mean the API server already stores what we would write, so no write is needed.
+    """
+    flat = flat_device(entry)
+    attributes = flat.get("attributes") or {}
+    capacity = flat.get("capacity") or {}
+    taints = flat.get("taints") or []
+    return (
+        flat.get("name"),
+        tuple(
+            sorted(
+                (str(k), repr(sorted(v.items())) if isinstance(v, Mapping) else repr(v))
+                for k, v in attributes.items()
+            )
+        ),
+        tuple(sorted((str(k), _quantity_key(v)) for k, v in capacity.items())),
+        tuple(sorted(taint_identity(t) for t in taints if isinstance(t, Mapping))),
+    )
+
+
+def device_names(slice_obj: Mapping[str, Any]) -> frozenset[str]:
+    """The names of the devices of a slice object."""
+    devices = slice_obj.get("spec", {}).get("devices") or []
+    return frozenset(str(d.get("name")) for d in devices if isinstance(d, Mapping))
+
+
+def chunk_names(
+    names: Sequence[str], tainted: set[str], max_devices: int, max_with_taints: int
+) -> list[list[str]]:
+    """Split device names (natural order) into slices; one with a tainted device holds `max_with_taints`.
+
+    Chunks fill greedily, so an untainted pool keeps the 128-device layout.
+    """
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    current_tainted = False
+    for name in natural_sorted(names):
+        is_tainted = name in tainted
+        limit = max_with_taints if (current_tainted or is_tainted) else max_devices
+        if len(current) + 1 > limit:
+            chunks.append(current)
+            current, current_tainted = [], False
+        current.append(name)
+        current_tainted = current_tainted or is_tainted
+    if current or not chunks:
+        chunks.append(current)
+    return chunks

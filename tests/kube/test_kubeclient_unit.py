@@ -1,0 +1,71 @@
+"""KubeClient pieces that need no API server: claim conversion, server info, taint rule names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.kubeclient import ServerInfo, claim_to_v1
+from agent.model import is_dns_subdomain
+from agent.taintrules import desired_rules, rule_name
+from agent.taints import DeviceTaint
+
+
+def test_v1beta1_claim_requests_move_under_exactly() -> None:
+    claim: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1beta1",
+        "kind": "ResourceClaim",
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "deviceClassName": "gpu.example.com",
+                        "allocationMode": "ExactCount",
+                        "count": 2,
+                    },
+                    {"name": "alt", "firstAvailable": [{"name": "a", "deviceClassName": "x"}]},
+                ]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {"results": [{"request": "gpu", "driver": "d", "pool": "p", "device": "x"}]}
+            }
+        },
+    }
+    out = claim_to_v1(claim)
+    assert out["apiVersion"] == "resource.k8s.io/v1"
+    gpu, alt = out["spec"]["devices"]["requests"]
+    assert gpu == {
+        "name": "gpu",
+        "exactly": {"deviceClassName": "gpu.example.com", "allocationMode": "ExactCount", "count": 2},
+    }
+    assert "exactly" not in alt
+    assert out["status"] == claim["status"]
+    assert "exactly" not in claim["spec"]["devices"]["requests"][0]  # input untouched
+
+
+def test_server_info_taint_support() -> None:
+    old = ServerInfo(1, 34, "v1.34.2", "v1", "v1alpha3")
+    new = ServerInfo(1, 35, "v1.35.0", "v1", "v1alpha3")
+    assert old.taint_support.max_taints_per_device == 4 and not old.taint_support.none_effect
+    assert new.taint_support.max_taints_per_device == 16 and new.taint_support.none_effect
+    assert old.max_devices_with_taints == 128 and new.max_devices_with_taints == 64
+    assert not ServerInfo(1, 32, "v1.32.4", "v1beta1", None).slice_taints_possible
+
+
+def test_rule_names_are_stable_and_valid() -> None:
+    name = rule_name("gpu.nvidia.com", "node-1", "gpu-0", "gpu.nvidia.com/xid")
+    assert name == rule_name("gpu.nvidia.com", "node-1", "gpu-0", "gpu.nvidia.com/xid")
+    assert name != rule_name("gpu.nvidia.com", "node-1", "gpu-1", "gpu.nvidia.com/xid")
+    assert is_dns_subdomain(name)
+    long = rule_name("d.io", "n" * 250, "gpu-0", "k")
+    assert len(long) <= 253 and is_dns_subdomain(long)
+    rules = desired_rules(
+        "d.io",
+        "node-1",
+        {"gpu-0": (DeviceTaint("d.io/xid", "NoSchedule", "79"), DeviceTaint("d.io/xid", "NoSchedule", "48"))},
+    )
+    (rule,) = rules.values()
+    assert rule["spec"]["deviceSelector"] == {"driver": "d.io", "pool": "node-1", "device": "gpu-0"}
+    assert rule["spec"]["taint"]["value"] == "79"
