@@ -1,0 +1,82 @@
+"""Crash-test harness: runs one DeviceState operation in its own process and SIGKILLs it at a step.
+
+    python tests/kubelet/crash_harness.py ROOT OP [--crash-at STEP] [--boot-id ID] [UID ...]
+
+ROOT holds ``claims.json`` (the API server's claims, a list of v1 dicts), ``backend.json`` (the
+file-backed fake backend's prepared devices), ``state/`` and ``cdi/``. OP is ``start`` (start-up
+reconcile only), ``prepare`` or ``unprepare`` (after start) of the given claim UIDs. When a claim
+reaches STEP the process kills itself with SIGKILL, as ``kill -9`` would; otherwise it prints the
+results as JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+# Run as a script: make the repository importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+class CrashAt:
+    """The test hook: kill this process the first time any claim reaches `step`."""
+
+    def __init__(self, step: str) -> None:
+        self.step = step
+
+    def reached(self, step: Any, claim_uid: str) -> None:
+        if step.value == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from agent.backend import ClaimRef
+    from agent.state import DeviceState
+    from tests.kubelet.fakes import DRIVER, NODE, FakeClaimSource, FileBackend
+
+    root = Path(args.root)
+    claims = json.loads((root / "claims.json").read_text())
+    state = DeviceState(
+        DRIVER,
+        FileBackend(root / "backend.json"),
+        FakeClaimSource(claims),
+        node_name=NODE,
+        cdi_root=root / "cdi",
+        state_dir=root / "state",
+        boot_id=args.boot_id,
+        hooks=CrashAt(args.crash_at) if args.crash_at else None,
+    )
+    await state.start()
+    by_uid = {c["metadata"]["uid"]: c["metadata"] for c in claims}
+    refs = [ClaimRef(by_uid[u]["namespace"], by_uid[u]["name"], u) for u in args.uids]
+    if args.op == "prepare":
+        results = await state.prepare(refs)
+        return {
+            uid: {"error": r.error, "devices": [d.device for d in r.devices]} for uid, r in results.items()
+        }
+    if args.op == "unprepare":
+        return dict(await state.unprepare(refs))
+    return {}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root")
+    parser.add_argument("op", choices=("start", "prepare", "unprepare"))
+    parser.add_argument("uids", nargs="*")
+    parser.add_argument("--crash-at", default="")
+    parser.add_argument("--boot-id", default="boot-1")
+    args = parser.parse_args()
+
+    import anyio
+
+    print(json.dumps(anyio.run(run, args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""The checkpoint file: round trip, verification, recovery and failed writes."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+import agent.atomicfile
+from agent.checkpoint import (
+    CheckpointCorruptError,
+    CheckpointData,
+    CheckpointDevice,
+    CheckpointStore,
+    CheckpointWriteError,
+    ClaimEntry,
+    ClaimPhase,
+    _checksum,
+    decode,
+    encode,
+    load_checkpoint,
+    read_boot_id,
+    remove_temp_files,
+)
+
+ENTRY = ClaimEntry(
+    uid="u1",
+    namespace="default",
+    name="c1",
+    phase=ClaimPhase.COMPLETED,
+    devices=(
+        CheckpointDevice("node-a", "gpu-0", ("gpu",), None, ("k8s.x/claim=u1-gpu-0", "vendor/gpu=uuid")),
+        CheckpointDevice("node-a", "gpu-1", ("gpu", "b"), "s1", ()),
+    ),
+)
+
+
+def listing(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_round_trip() -> None:
+    data = CheckpointData("boot-1", {"u1": ENTRY, "u2": ClaimEntry("u2", "ns", "c2", ClaimPhase.STARTED)})
+    raw = encode(data)
+    assert decode(raw) == data
+    doc = json.loads(raw)
+    assert doc["version"] == 1
+    assert doc["bootID"] == "boot-1"
+    assert doc["checksum"].startswith("sha256:")
+    assert doc["entries"]["u1"]["state"] == "PrepareCompleted"
+
+
+def tamper(raw: bytes, change: str) -> bytes:
+    doc = json.loads(raw)
+    if change == "entry":
+        doc["entries"]["u1"]["name"] = "other"
+    elif change == "version":
+        doc["version"] = 99
+    elif change == "schema":
+        doc["entries"] = []
+    elif change == "bad-state":
+        doc["entries"]["u1"]["state"] = "Half"
+        doc["checksum"] = "x"
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"{not json", "invalid_json"),
+        (b"\xff\xfe", "invalid_json"),
+        (b"[1]", "invalid_json"),
+        (tamper(encode(CheckpointData("b", {"u1": ENTRY})), "entry"), "checksum_mismatch"),
+        (tamper(encode(CheckpointData("b", {"u1": ENTRY})), "version"), "unknown_version"),
+        (tamper(encode(CheckpointData("b", {"u1": ENTRY})), "schema"), "invalid_schema"),
+        (tamper(encode(CheckpointData("b", {"u1": ENTRY})), "bad-state"), "checksum_mismatch"),
+    ],
+)
+def test_decode_rejects_bad_files(raw: bytes, reason: str) -> None:
+    with pytest.raises(CheckpointCorruptError) as info:
+        decode(raw)
+    assert info.value.reason == reason
+
+
+def test_decode_rejects_a_malformed_entry_with_valid_checksum() -> None:
+    raw = json.loads(encode(CheckpointData("b", {"u1": ENTRY})))
+    raw["entries"]["u1"]["state"] = "Half"
+    raw["checksum"] = _checksum("b", raw["entries"])
+    with pytest.raises(CheckpointCorruptError) as info:
+        decode(json.dumps(raw).encode())
+    assert info.value.reason == "invalid_schema"
+
+
+def test_load_missing_file(tmp_path: Path) -> None:
+    outcome = load_checkpoint(tmp_path / "checkpoint.json")
+    assert outcome.data is None
+    assert outcome.problem is None
+
+
+def test_load_corrupt_file_moves_it_aside(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(b"garbage")
+    outcome = load_checkpoint(path, now=1234.0)
+    assert outcome.data is None
+    assert outcome.problem is not None
+    assert outcome.problem.reason == "invalid_json"
+    assert outcome.moved_to == tmp_path / "checkpoint.json.corrupt-1234"
+    assert outcome.moved_to.read_bytes() == b"garbage"
+    assert not path.exists()
+
+
+def test_load_unreadable_file(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.mkdir()  # reading a directory fails with an OSError other than "missing"
+    outcome = load_checkpoint(path, now=1.0)
+    assert outcome.problem is not None
+    assert outcome.problem.reason == "unreadable"
+    assert outcome.moved_to == tmp_path / "checkpoint.json.corrupt-1"
+
+
+def test_read_boot_id(tmp_path: Path) -> None:
+    (tmp_path / "boot_id").write_text("abc\n")
+    assert read_boot_id(tmp_path / "boot_id") == "abc"
+    assert read_boot_id(tmp_path / "missing") == ""
+
+
+def test_remove_temp_files(tmp_path: Path) -> None:
+    (tmp_path / ".checkpoint.json.1234.tmp").write_text("x")
+    (tmp_path / "checkpoint.json").write_text("x")
+    remove_temp_files(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"]
+    remove_temp_files(tmp_path / "missing")
+
+
+async def test_store_put_remove_and_flush(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoint.json", "boot-1")
+    await store.put(ENTRY)
+    assert decode((tmp_path / "checkpoint.json").read_bytes()).entries == {"u1": ENTRY}
+    assert store.get("u1") == ENTRY
+    await store.remove("u1")
+    await store.remove("u1")
+    assert decode((tmp_path / "checkpoint.json").read_bytes()).entries == {}
+    store.load({"u1": ENTRY})
+    await store.flush()
+    assert decode((tmp_path / "checkpoint.json").read_bytes()) == CheckpointData("boot-1", {"u1": ENTRY})
+
+
+async def test_disk_full_keeps_previous_file_and_reverts_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.put(ENTRY)
+    before = path.read_bytes()
+
+    def full(fd: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(agent.atomicfile, "_write_all", full)
+    other = ClaimEntry("u2", "ns", "c2", ClaimPhase.STARTED)
+    with pytest.raises(CheckpointWriteError, match="No space left on device"):
+        await store.put(other)
+    with pytest.raises(CheckpointWriteError):
+        await store.put(ClaimEntry("u1", "default", "c1", ClaimPhase.STARTED))
+    with pytest.raises(CheckpointWriteError):
+        await store.remove("u1")
+    assert store.entries() == {"u1": ENTRY}
+    assert path.read_bytes() == before
+    assert listing(tmp_path) == ["checkpoint.json"]
+
+
+async def test_concurrent_changes_share_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writes = 0
+    real = agent.atomicfile.write_atomic
+
+    def counting(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
+        nonlocal writes
+        writes += 1
+        real(path, data, mode=mode, durable=durable)
+
+    monkeypatch.setattr("agent.checkpoint.write_atomic", counting)
+    store = CheckpointStore(tmp_path / "checkpoint.json", "boot-1")
+    async with anyio.create_task_group() as tg:
+        for i in range(50):
+            tg.start_soon(store.put, ClaimEntry(f"u{i}", "ns", f"c{i}", ClaimPhase.STARTED))
+    assert len(decode((tmp_path / "checkpoint.json").read_bytes()).entries) == 50
+    assert writes < 50
+
+
+async def test_non_durable_put_skips_fsync_and_a_later_durable_write_syncs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    syncs: list[int] = []
+    monkeypatch.setattr(os, "fsync", syncs.append)
+    store = CheckpointStore(tmp_path / "checkpoint.json", "boot-1")
+    await store.put(ClaimEntry("u1", "ns", "c1", ClaimPhase.STARTED), durable=False)
+    assert syncs == []
+    assert set(decode((tmp_path / "checkpoint.json").read_bytes()).entries) == {"u1"}
+    await store.flush()
+    assert len(syncs) == 2  # the file and its directory
+
+
+def test_decode_rejects_non_string_requests() -> None:
+    raw = json.loads(encode(CheckpointData("b", {"u1": ENTRY})))
+    raw["entries"]["u1"]["devices"][0]["requests"] = "gpu"
+    raw["checksum"] = _checksum("b", raw["entries"])
+    with pytest.raises(CheckpointCorruptError) as info:
+        decode(json.dumps(raw).encode())
+    assert info.value.reason == "invalid_schema"
+
+
+def test_corrupt_file_that_cannot_be_moved_is_still_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(b"garbage")
+
+    def refuse(self: Path, target: Path) -> Path:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "replace", refuse)
+    outcome = load_checkpoint(path, now=1.0)
+    assert outcome.problem is not None
+    assert outcome.moved_to is None
+    assert outcome.data is None

@@ -1,0 +1,299 @@
+"""Start-up: checkpoint recovery and reconciling entries, CDI specs and the API server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry, ClaimPhase, decode, encode
+from agent.metrics import Metrics
+from agent.state import DeviceState
+from tests.kubelet.fakes import DRIVER, NODE, FakeBackend, FakeClaimSource, FakeEvents, make_claim, ref_of
+
+U1 = "0b7c6a2e-1111-4222-8333-444455556666"
+U2 = "1c7c6a2e-1111-4222-8333-444455556666"
+
+
+def build(
+    tmp_path: Path, source: FakeClaimSource, backend: FakeBackend, boot: str = "boot-1", **kw: Any
+) -> DeviceState:
+    return DeviceState(
+        DRIVER,
+        backend,
+        source,
+        node_name=NODE,
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "state",
+        boot_id=boot,
+        **kw,
+    )
+
+
+def spec(tmp_path: Path, uid: str) -> Path:
+    return tmp_path / "cdi" / f"k8s.{DRIVER}-claim_{uid}.yaml"
+
+
+def entries(tmp_path: Path) -> dict[str, ClaimEntry]:
+    return dict(decode((tmp_path / "state" / "checkpoint.json").read_bytes()).entries)
+
+
+def assert_invariants(tmp_path: Path) -> None:
+    """No CDI spec without an entry, no completed entry without its spec."""
+    recorded = entries(tmp_path)
+    specs = {p.name for p in (tmp_path / "cdi").iterdir()} if (tmp_path / "cdi").exists() else set()
+    assert specs == {
+        spec(tmp_path, uid).name for uid, e in recorded.items() if e.phase is ClaimPhase.COMPLETED
+    }
+
+
+async def prepared(tmp_path: Path, *claims: dict[str, Any]) -> tuple[FakeClaimSource, FakeBackend]:
+    source = FakeClaimSource(claims)
+    backend = FakeBackend()
+    state = build(tmp_path, source, backend)
+    await state.start()
+    await state.prepare([ref_of(c) for c in claims])
+    return source, backend
+
+
+async def test_start_without_checkpoint_writes_an_empty_one(tmp_path: Path) -> None:
+    state = build(tmp_path, FakeClaimSource(), FakeBackend())
+    await state.start()
+    data = decode((tmp_path / "state" / "checkpoint.json").read_bytes())
+    assert data == CheckpointData("boot-1", {})
+
+
+async def test_restart_keeps_prepared_claims(tmp_path: Path) -> None:
+    source, backend = await prepared(tmp_path, make_claim(U1))
+    before = spec(tmp_path, U1).stat().st_mtime_ns
+    state = build(tmp_path, source, backend)
+    await state.start()
+    assert set(state.prepared_claims()) == {U1}
+    assert spec(tmp_path, U1).stat().st_mtime_ns == before  # same boot, spec present: untouched
+    # The restarted agent answers a repeated prepare from its checkpoint.
+    calls = backend.prepare_calls
+    assert (await state.prepare([ref_of(make_claim(U1))]))[U1].devices[0].device == "gpu-0"
+    assert backend.prepare_calls == calls
+
+
+async def test_reboot_rewrites_lost_specs(tmp_path: Path) -> None:
+    source, backend = await prepared(tmp_path, make_claim(U1))
+    spec(tmp_path, U1).unlink()  # /var/run/cdi is a tmpfs
+    backend.prepared.clear()  # devices are reset by the reboot too
+    state = build(tmp_path, source, backend, boot="boot-2")
+    await state.start()
+    assert spec(tmp_path, U1).exists()
+    assert backend.prepared == {U1: {"gpu-0"}}
+    assert decode((tmp_path / "state" / "checkpoint.json").read_bytes()).boot_id == "boot-2"
+    assert_invariants(tmp_path)
+
+
+async def test_missing_spec_is_rewritten_on_same_boot(tmp_path: Path) -> None:
+    source, backend = await prepared(tmp_path, make_claim(U1))
+    spec(tmp_path, U1).unlink()
+    await build(tmp_path, source, backend).start()
+    assert spec(tmp_path, U1).exists()
+    assert_invariants(tmp_path)
+
+
+async def test_changed_extra_cdi_ids_are_recorded_on_restore(tmp_path: Path) -> None:
+    source, backend = await prepared(tmp_path, make_claim(U1))
+    backend.extra_cdi_ids = ("vendor.com/gpu=new",)
+    await build(tmp_path, source, backend, boot="boot-2").start()
+    assert entries(tmp_path)[U1].devices[0].cdi_device_ids[1:] == ("vendor.com/gpu=new",)
+
+
+async def test_claims_deleted_or_replaced_while_down_are_unprepared(tmp_path: Path) -> None:
+    c1, c2 = make_claim(U1), make_claim(U2)
+    source, backend = await prepared(tmp_path, c1, c2)
+    source.delete("default", c1["metadata"]["name"])
+    source.add(make_claim("new-uid", name=c2["metadata"]["name"]))
+    await build(tmp_path, source, backend).start()
+    assert entries(tmp_path) == {}
+    assert backend.prepared == {}
+    assert not spec(tmp_path, U1).exists()
+    assert not spec(tmp_path, U2).exists()
+
+
+async def test_api_down_at_start_keeps_entries(tmp_path: Path) -> None:
+    source, backend = await prepared(tmp_path, make_claim(U1))
+    source.down = True
+    spec(tmp_path, U1).unlink()
+    await build(tmp_path, source, backend).start()
+    assert set(entries(tmp_path)) == {U1}
+    assert backend.prepared == {U1: {"gpu-0"}}
+    assert_invariants(tmp_path)
+
+
+async def test_api_oserror_at_start_keeps_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source, backend = await prepared(tmp_path, make_claim(U1))
+
+    async def refused(namespace: str, name: str) -> Any:
+        raise ConnectionRefusedError("connection refused")
+
+    monkeypatch.setattr(source, "get_resource_claim", refused)
+    await build(tmp_path, source, backend).start()
+    assert set(entries(tmp_path)) == {U1}
+
+
+async def test_stale_prepare_started_is_rolled_back(tmp_path: Path) -> None:
+    backend = FakeBackend()
+    backend.prepared = {U1: {"gpu-0"}}
+    (tmp_path / "state").mkdir()
+    (tmp_path / "cdi").mkdir()
+    spec(tmp_path, U1).write_text("---\n")
+    started = ClaimEntry(
+        U1, "default", "c1", ClaimPhase.STARTED, (CheckpointDevice(NODE, "gpu-0", ("gpu",)),)
+    )
+    (tmp_path / "state" / "checkpoint.json").write_bytes(encode(CheckpointData("boot-1", {U1: started})))
+    await build(tmp_path, FakeClaimSource([make_claim(U1, name="c1")]), backend).start()
+    assert entries(tmp_path) == {}
+    assert backend.prepared == {}
+    assert not spec(tmp_path, U1).exists()
+
+
+async def test_orphan_specs_and_temp_files_are_removed(tmp_path: Path) -> None:
+    source, backend = await prepared(tmp_path, make_claim(U1))
+    spec(tmp_path, U2).write_text("---\n")
+    foreign = tmp_path / "cdi" / "k8s.other.example.com-claim_x.yaml"
+    foreign.write_text("---\n")
+    (tmp_path / "cdi" / f".k8s.{DRIVER}-claim_{U2}.yaml.1234.tmp").write_text("torn")
+    (tmp_path / "state" / ".checkpoint.json.1234.tmp").write_text("torn")
+    await build(tmp_path, source, backend).start()
+    assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == sorted(
+        [spec(tmp_path, U1).name, foreign.name]
+    )
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["checkpoint.json"]
+
+
+@pytest.mark.parametrize("content", [b"{torn", b'{"version": 7, "bootID": "b", "entries": {}}'])
+async def test_corrupt_checkpoint_is_moved_aside_reported_and_rebuilt(tmp_path: Path, content: bytes) -> None:
+    source, backend = await prepared(tmp_path, make_claim(U1))
+    (tmp_path / "state" / "checkpoint.json").write_bytes(content)
+    events = FakeEvents()
+    metrics = Metrics()
+    state = build(tmp_path, source, backend, events=events, metrics=metrics)
+    await state.start()
+    aside = [p for p in (tmp_path / "state").iterdir() if p.name.startswith("checkpoint.json.corrupt-")]
+    assert len(aside) == 1
+    assert aside[0].read_bytes() == content
+    assert entries(tmp_path) == {}
+    assert [(r, t) for r, _, t in events.recorded] == [("CheckpointRecovered", "Warning")]
+    recoveries = sum(
+        s.value
+        for m in metrics.checkpoint_recoveries.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
+    assert recoveries == 1
+    # The rebuilt checkpoint owns nothing, so the old spec goes: the invariant holds.
+    assert_invariants(tmp_path)
+    # And the agent works: the kubelet's next prepare succeeds.
+    assert (await state.prepare([ref_of(make_claim(U1))]))[U1].error == ""
+
+
+async def test_event_failure_does_not_stop_start(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "checkpoint.json").write_bytes(b"{torn")
+
+    class BrokenEvents:
+        async def record(self, reason: str, message: str, type: str) -> None:
+            raise RuntimeError("API down")
+
+    state = build(tmp_path, FakeClaimSource(), FakeBackend(), events=BrokenEvents())
+    await state.start()
+    assert entries(tmp_path) == {}
+
+
+async def test_restore_failure_unprepares_the_claim(tmp_path: Path) -> None:
+    source, backend = await prepared(tmp_path, make_claim(U1))
+    backend.devices.discard("gpu-0")  # the device is gone after the reboot
+    events = FakeEvents()
+    await build(tmp_path, source, backend, boot="boot-2", events=events).start()
+    assert entries(tmp_path) == {}
+    assert not spec(tmp_path, U1).exists()
+    assert [r for r, _, _ in events.recorded] == ["ClaimRestoreFailed"]
+
+
+async def test_checkpoint_write_failure_at_start_is_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import agent.atomicfile
+
+    def full(fd: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(agent.atomicfile, "_write_all", full)
+    state = build(tmp_path, FakeClaimSource(), FakeBackend())
+    await state.start()  # does not raise
+    assert not (tmp_path / "state" / "checkpoint.json").exists()
+
+
+async def test_with_the_fake_backend_package(tmp_path: Path) -> None:
+    """Prepare, reboot and unprepare with `backends.fake` (the profile's first device)."""
+    from agent.backend import BackendOptions
+    from backends.fake import create_backend
+
+    backend: Any = create_backend(
+        BackendOptions(NODE, settings={"profile": "nvidia-a100-8x", "control": "off"})
+    )[0]
+    device = (await backend.discover())[0].name
+    driver = backend.driver_name
+    claim = make_claim(U1, driver=driver, devices=(device,))
+    source = FakeClaimSource([claim])
+
+    def agent(boot: str) -> DeviceState:
+        return DeviceState(
+            driver,
+            backend,
+            source,
+            node_name=NODE,
+            cdi_root=tmp_path / "cdi",
+            state_dir=tmp_path / "state",
+            boot_id=boot,
+        )
+
+    state = agent("boot-1")
+    await state.start()
+    result = (await state.prepare([ref_of(claim)]))[U1]
+    assert result.error == ""
+    path = tmp_path / "cdi" / f"k8s.{driver}-claim_{U1}.yaml"
+    written = path.read_text()
+    assert "NVIDIA_VISIBLE_DEVICES=" in written
+    path.unlink()
+    restarted = agent("boot-2")
+    await restarted.start()
+    assert path.read_text() == written
+    assert await restarted.unprepare([ref_of(claim)]) == {U1: ""}
+    assert not path.exists()
+    assert backend.prepared == {}
+
+
+async def test_orphan_spec_that_cannot_be_removed_does_not_stop_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "cdi").mkdir()
+    spec(tmp_path, U2).write_text("---\n")
+    state = build(tmp_path, FakeClaimSource(), FakeBackend())
+
+    def cannot_unlink(uid: str) -> bool:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(state.cdi, "remove_claim_spec", cannot_unlink)
+    await state.start()
+    assert spec(tmp_path, U2).exists()
+
+
+async def test_restore_failure_with_broken_events_still_unprepares(tmp_path: Path) -> None:
+    source, backend = await prepared(tmp_path, make_claim(U1))
+    backend.devices.discard("gpu-0")
+
+    class BrokenEvents:
+        async def record(self, reason: str, message: str, type: str) -> None:
+            raise RuntimeError("API down")
+
+    await build(tmp_path, source, backend, boot="boot-2", events=BrokenEvents()).start()
+    assert entries(tmp_path) == {}
