@@ -1,0 +1,212 @@
+"""`NvidiaBackend`: the `agent.backend.Backend` for NVIDIA GPUs and MIG devices through NVML."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from agent.backend import BackendOptions, ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink, Mount
+from agent.clock import Clock, SystemClock
+from agent.errors import BackendError, ConfigError, DeviceNotFoundError
+from agent.logs import log_fields
+from agent.model import Device, check_driver_name
+from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
+from backends.nvidia.edits import CDI_MODES, EditsConfig, container_edits, driver_mounts, resolve_dev_root
+from backends.nvidia.health import HealthMonitor, HealthState, XidPolicy
+from backends.nvidia.nvml import Nvml, load_pynvml
+from backends.nvidia.telemetry import read_telemetry_sync
+
+log = logging.getLogger("agent.backends.nvidia")
+
+SETTINGS = (
+    "driver",
+    "cdi-mode",
+    "driver-root",
+    "ignored-xids",
+    "critical-xids",
+    "telemetry-interval",
+    "health-wait-ms",
+    "recovery-interval",
+)
+
+
+def _float_setting(settings: Mapping[str, str], key: str, default: float, minimum: float) -> float:
+    raw = settings.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ConfigError(f"nvidia setting {key}", raw, f"a number of seconds >= {minimum}")
+    return value
+
+
+class NvidiaBackend:
+    """NVIDIA GPUs and MIG devices: discovery, health, CDI edits and telemetry through NVML."""
+
+    def __init__(
+        self,
+        options: BackendOptions,
+        *,
+        nvml_module: ModuleType | Any | None = None,
+        clock: Clock | None = None,
+        sysfs_root: Path = Path("/sys"),
+        proc_root: Path = Path("/proc"),
+        dev_root: Path | None = None,
+    ) -> None:
+        settings = options.settings
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise ConfigError("nvidia backend settings", ",".join(unknown), f"one of {', '.join(SETTINGS)}")
+        self._driver = options.driver_name or DEFAULT_DRIVER_NAME
+        if problem := check_driver_name(self._driver):
+            raise ConfigError("nvidia setting driver", self._driver, f"a driver name that {problem}")
+        mode = settings.get("cdi-mode", "own") or "own"
+        if mode not in CDI_MODES:
+            raise ConfigError("nvidia setting cdi-mode", mode, " or ".join(CDI_MODES))
+        driver_root = Path(settings.get("driver-root") or "/")
+        if not driver_root.is_absolute():
+            raise ConfigError("nvidia setting driver-root", str(driver_root), "an absolute path such as /")
+        self._policy = XidPolicy.from_settings(settings)
+        self._telemetry_interval = _float_setting(settings, "telemetry-interval", 0.0, 0.0)
+        self._wait_ms = int(_float_setting(settings, "health-wait-ms", 500, 10))
+        self._recovery_interval = _float_setting(settings, "recovery-interval", 5.0, 0.0)
+        self._module = nvml_module
+        self._nvml: Nvml | None = None
+        self._driver_root = driver_root
+        self._clock: Clock = clock or SystemClock()
+        self._sysfs_root = sysfs_root
+        self._edits = EditsConfig(
+            mode=mode,
+            driver_root=driver_root,
+            dev_root=dev_root if dev_root is not None else resolve_dev_root(driver_root),
+            proc_root=proc_root,
+        )
+        self._mounts: tuple[Mount, ...] | None = None
+        self._discovery = Discovery()
+        self._discovered = False
+        self._said_no_gpus = False
+        self._health = HealthState()
+        self._telemetry_cache: list[DeviceTelemetry] = []
+        self._telemetry_at: float | None = None
+        self._prepared: dict[tuple[str, str], ContainerEdits] = {}
+
+    @property
+    def driver_name(self) -> str:
+        return self._driver
+
+    @property
+    def cdi_mode(self) -> str:
+        return self._edits.mode
+
+    def _lib(self) -> Nvml:
+        if self._nvml is None:
+            raise BackendError("NVIDIA backend: used before start(); call start() first")
+        return self._nvml
+
+    async def start(self) -> None:
+        """Load pynvml and initialize NVML; raises `BackendError` saying how to fix a missing driver."""
+        if self._nvml is not None:
+            return
+        module = self._module if self._module is not None else load_pynvml()
+        nvml = Nvml(module, self._driver_root)
+        await nvml.run(nvml.init_sync)
+        self._nvml = nvml
+        if self._edits.mode == "own":
+            self._mounts = await anyio.to_thread.run_sync(driver_mounts, self._driver_root)
+            if not self._mounts:
+                log.warning(
+                    "no NVIDIA driver libraries under the driver root: containers get device nodes only",
+                    extra=log_fields(
+                        driver_root=str(self._driver_root),
+                        hint="set driver-root (Helm nvidia.driverRoot) or use cdi-mode=toolkit",
+                    ),
+                )
+
+    async def stop(self) -> None:
+        nvml, self._nvml = self._nvml, None
+        if nvml is not None:
+            with anyio.CancelScope(shield=True):
+                await nvml.run(nvml.shutdown_sync)
+
+    async def discover(self) -> Sequence[Device]:
+        nvml = self._lib()
+        try:
+            discovery = await nvml.run(discover_sync, nvml, self._driver, self._sysfs_root)
+        except Exception as error:
+            if nvml.is_error(error):
+                raise BackendError(
+                    f"NVIDIA backend: cannot list GPUs: {error}: check the driver with 'nvidia-smi'"
+                ) from error
+            raise
+        self._discovery = discovery
+        self._discovered = True
+        if not discovery.devices and not self._said_no_gpus:
+            self._said_no_gpus = True
+            log.warning(
+                "no NVIDIA GPUs found: publishing an empty pool",
+                extra=log_fields(gpus=len(discovery.gpus), hint="check 'nvidia-smi -L' on the node"),
+            )
+        return [d.device for d in discovery.devices]
+
+    async def _ensure_discovered(self) -> Discovery:
+        if not self._discovered:
+            await self.discover()
+        return self._discovery
+
+    async def monitor_health(self, sink: HealthSink) -> None:
+        """Watch the GPUs of the latest discovery (a restart of the monitor picks up new ones)."""
+        nvml = self._lib()
+        discovery = await self._ensure_discovered()
+        monitor = HealthMonitor(
+            nvml,
+            discovery.devices,
+            self._clock,
+            policy=self._policy,
+            state=self._health,
+            wait_ms=self._wait_ms,
+            recovery_interval=self._recovery_interval,
+        )
+        await monitor.run(sink)
+
+    def _device(self, name: str) -> NvDevice:
+        found = self._discovery.by_name().get(name)
+        if found is None:
+            raise DeviceNotFoundError(self._driver, name)
+        return found
+
+    async def prepare(self, device: str, claim: ClaimRef) -> ContainerEdits:
+        self._lib()
+        await self._ensure_discovered()
+        key = (claim.uid, device)
+        if key in self._prepared:
+            return self._prepared[key]
+        nv = self._device(device)
+        edits = await anyio.to_thread.run_sync(container_edits, nv, self._edits, self._mounts)
+        self._prepared[key] = edits
+        log.info("prepared device", extra=log_fields(device=device, claim=claim.uid, mode=self._edits.mode))
+        return edits
+
+    async def unprepare(self, device: str, claim: ClaimRef) -> None:
+        # Nothing on the GPU changes when preparing, so nothing to undo.
+        self._prepared.pop((claim.uid, device), None)
+
+    async def telemetry(self) -> Sequence[DeviceTelemetry]:
+        nvml = self._lib()
+        discovery = await self._ensure_discovered()
+        now = self._clock.monotonic()
+        if self._telemetry_at is not None and now - self._telemetry_at < self._telemetry_interval:
+            return list(self._telemetry_cache)
+        readings = await nvml.run(
+            read_telemetry_sync, nvml, discovery.devices, dict(self._health.last_xid), self._clock.time()
+        )
+        self._telemetry_cache, self._telemetry_at = readings, now
+        return readings

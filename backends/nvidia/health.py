@@ -1,0 +1,441 @@
+"""GPU health from NVML events: XIDs, ECC errors, lost GPUs, GPUs that cannot be monitored.
+
+One event set holds the XID-critical, double-bit and single-bit ECC events of every GPU (masked
+by what each GPU supports). Each wait runs in a worker thread with a short timeout, so a cancelled
+monitor returns within one wait. Conditions (for the taint policy):
+
+- ``xid`` (EVENT, value = the XID): CRITICAL, except application XIDs (13, 31, 43, 45, 68, 109 by
+  default, plus ``ignored-xids``, minus ``critical-xids``) which are INFO. Attributed to the MIG
+  device through the event's GPU/compute instance IDs, else to every device of the GPU.
+- ``ecc-uncorrectable`` (EVENT, CRITICAL) and ``ecc-correctable`` (EVENT, INFO).
+- ``gpu-lost`` (STATE, CRITICAL, every device of the GPU): NVML says GPU_IS_LOST, or an event
+  cannot be read and the GPU no longer answers.
+- ``unmonitored`` (STATE, WARNING): events cannot be registered; NOT_SUPPORTED on older GPUs
+  is a warning (health unknown), never a fault.
+
+Recovery: where the driver reports ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, the XID/ECC conditions
+of a GPU whose action is back to NONE are cleared; elsewhere the taint policy's hold time applies.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from agent.backend import ConditionKind, HealthEvent, HealthSink
+from agent.clock import Clock
+from agent.errors import ConfigError
+from agent.logs import log_fields
+from agent.model import Severity
+from backends.nvidia.discovery import INVALID_INSTANCE_ID, GpuInfo, NvDevice
+from backends.nvidia.nvml import Nvml, text
+
+log = logging.getLogger("agent.backends.nvidia.health")
+
+# XIDs caused by the application (illegal address, MMU fault in user code, ...), not the GPU.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+RECOVERY_ACTIONS = {
+    0: "none",
+    1: "gpu-reset",
+    2: "node-reboot",
+    3: "drain-p2p",
+    4: "drain-and-reset",
+    5: "recover-imex-domain",
+    6: "bus-reset",
+    7: "system-reboot",
+}
+
+XID = "xid"
+GPU_LOST = "gpu-lost"
+UNMONITORED = "unmonitored"
+ECC_UNCORRECTABLE = "ecc-uncorrectable"
+ECC_CORRECTABLE = "ecc-correctable"
+
+
+def parse_xids(option: str, value: str) -> frozenset[int]:
+    """``"79+94"``, ``"79,94"`` or ``"79 94"`` -> {79, 94} (use ``+`` inside ``--backend``)."""
+    items = [p for p in re.split(r"[,+\s|/]+", value.strip()) if p]
+    try:
+        xids = frozenset(int(p) for p in items)
+    except ValueError as error:
+        raise ConfigError(option, value, "XID numbers separated by '+' or ',' such as 79+94") from error
+    if any(x < 0 for x in xids):
+        raise ConfigError(option, value, "non-negative XID numbers")
+    return xids
+
+
+@dataclass(frozen=True)
+class XidPolicy:
+    """Which XIDs are informational (application errors) rather than critical."""
+
+    informational: frozenset[int] = APPLICATION_XIDS
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, str]) -> XidPolicy:
+        ignored = parse_xids("ignored-xids", settings.get("ignored-xids", ""))
+        critical = parse_xids("critical-xids", settings.get("critical-xids", ""))
+        return cls((APPLICATION_XIDS | ignored) - critical)
+
+    def severity(self, xid: int) -> Severity:
+        return Severity.INFO if xid in self.informational else Severity.CRITICAL
+
+
+@dataclass(frozen=True)
+class RawEvent:
+    """An NVML event, read in the worker thread."""
+
+    gpu_uuid: str
+    event_type: int
+    data: int
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
+@dataclass
+class HealthState:
+    """What the monitor learned that telemetry reports (the last XID per GPU UUID)."""
+
+    last_xid: dict[str, int] = field(default_factory=dict)
+
+
+class _Outcome:
+    """Result of one wait: an event, a timeout, or an error."""
+
+    def __init__(self, event: RawEvent | None = None, error: BaseException | None = None) -> None:
+        self.event = event
+        self.error = error
+
+
+class HealthMonitor:
+    """Watch NVML events for `devices` and report `HealthEvent`s to a sink until cancelled."""
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        devices: Sequence[NvDevice],
+        clock: Clock,
+        *,
+        policy: XidPolicy = XidPolicy(),
+        state: HealthState | None = None,
+        wait_ms: int = 500,
+        recovery_interval: float = 5.0,
+    ) -> None:
+        self._nvml = nvml
+        self._lib: Any = nvml.lib
+        self._devices = tuple(devices)
+        self._gpus: dict[str, GpuInfo] = {}
+        for d in self._devices:
+            self._gpus.setdefault(d.gpu.uuid, d.gpu)
+        self._clock = clock
+        self._policy = policy
+        self.state = state or HealthState()
+        self._wait_ms = wait_ms
+        self._recovery_interval = recovery_interval
+        self._event_set: Any = None
+        self._lost: set[str] = set()
+        # GPUs with an active XID/ECC condition whose recovery action is polled.
+        self._faulted: dict[str, set[tuple[str, str, str]]] = {}
+        # GPUs whose recovery action was seen other than NONE since their fault.
+        self._recovering: set[str] = set()
+        self._no_recovery_field: set[str] = set()
+        self._next_recovery_poll = 0.0
+        self._wanted = (
+            int(getattr(self._lib, "nvmlEventTypeXidCriticalError", 0x8))
+            | int(getattr(self._lib, "nvmlEventTypeDoubleBitEccError", 0x2))
+            | int(getattr(self._lib, "nvmlEventTypeSingleBitEccError", 0x1))
+        )
+
+    def devices_of(self, gpu_uuid: str) -> list[NvDevice]:
+        return [d for d in self._devices if d.gpu.uuid == gpu_uuid]
+
+    async def run(self, sink: HealthSink) -> None:
+        """Register events and report until cancelled; frees the event set on the way out."""
+        if not self._gpus:
+            await anyio.sleep_forever()
+        try:
+            for event in await anyio.to_thread.run_sync(self._register_sync):
+                await sink(event)
+            if self._event_set is None:
+                await anyio.sleep_forever()
+            while True:
+                outcome = await anyio.to_thread.run_sync(self._wait_sync)
+                for event in await self._handle(outcome):
+                    await sink(event)
+                if self._faulted and self._clock.monotonic() >= self._next_recovery_poll:
+                    self._next_recovery_poll = self._clock.monotonic() + self._recovery_interval
+                    for event in await anyio.to_thread.run_sync(self._poll_recovery_sync):
+                        await sink(event)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._free_sync)
+
+    # -- worker-thread parts ------------------------------------------------------------------
+
+    def _register_sync(self) -> list[HealthEvent]:
+        lib = self._lib
+        events: list[HealthEvent] = []
+        try:
+            self._event_set = lib.nvmlEventSetCreate()
+        except Exception as error:
+            if not self._nvml.is_error(error):
+                raise
+            log.warning("cannot create an NVML event set", extra=log_fields(error=str(error)))
+            for gpu in self._gpus.values():
+                events.extend(self._unmonitored(gpu, f"cannot create an NVML event set: {error}"))
+            return events
+        for gpu in self._gpus.values():
+            events.extend(self._register_gpu(gpu))
+        return events
+
+    def _register_gpu(self, gpu: GpuInfo) -> list[HealthEvent]:
+        lib = self._lib
+        try:
+            try:
+                supported = int(lib.nvmlDeviceGetSupportedEventTypes(gpu.handle))
+            except Exception as error:
+                if not self._nvml.is_unsupported(error):
+                    raise
+                supported = 0
+            mask = self._wanted & supported
+            xid_type = int(getattr(lib, "nvmlEventTypeXidCriticalError", 0x8))
+            if not mask & xid_type:
+                return self._unmonitored(gpu, "this GPU or driver does not report XID events (NOT_SUPPORTED)")
+            lib.nvmlDeviceRegisterEvents(gpu.handle, mask, self._event_set)
+        except Exception as error:
+            if not self._nvml.is_error(error):
+                raise
+            if self._nvml.is_gpu_lost(error):
+                return self._lost_events(gpu, f"GPU is lost: {error}")
+            if self._nvml.is_unsupported(error):
+                return self._unmonitored(gpu, f"event registration not supported: {error}")
+            return self._unmonitored(gpu, f"cannot register events: {error}")
+        log.info("watching GPU events", extra=log_fields(gpu=gpu.uuid, mask=hex(mask)))
+        return []
+
+    def _wait_sync(self) -> _Outcome:
+        try:
+            data = self._lib.nvmlEventSetWait_v2(self._event_set, self._wait_ms)
+        except Exception as error:
+            if self._nvml.is_timeout(error):
+                return _Outcome()
+            if not self._nvml.is_error(error):
+                raise
+            return _Outcome(error=error)
+        try:
+            uuid = text(self._lib.nvmlDeviceGetUUID(data.device))
+        except Exception as error:
+            if not self._nvml.is_error(error):
+                raise
+            return _Outcome(error=error)
+        return _Outcome(
+            RawEvent(
+                uuid,
+                int(data.eventType),
+                int(data.eventData),
+                int(data.gpuInstanceId),
+                int(data.computeInstanceId),
+            )
+        )
+
+    def _probe_lost_sync(self) -> list[GpuInfo]:
+        """GPUs that no longer answer (after an error from the event set)."""
+        lost: list[GpuInfo] = []
+        for gpu in self._gpus.values():
+            if gpu.uuid in self._lost:
+                continue
+            try:
+                self._lib.nvmlDeviceGetUUID(gpu.handle)
+            except Exception as error:
+                if self._nvml.is_error(error):
+                    lost.append(gpu)
+                else:
+                    raise
+        return lost
+
+    def _rebuild_sync(self) -> None:
+        """Recreate the event set without the lost GPUs, so waits stop failing on them."""
+        self._free_sync()
+        self._event_set = self._lib.nvmlEventSetCreate()
+        for gpu in self._gpus.values():
+            if gpu.uuid not in self._lost:
+                self._register_gpu(gpu)
+
+    def _poll_recovery_sync(self) -> list[HealthEvent]:
+        lib = self._lib
+        field_id = getattr(lib, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        events: list[HealthEvent] = []
+        for uuid, keys in list(self._faulted.items()):
+            gpu = self._gpus[uuid]
+            action = self._recovery_action(gpu, field_id)
+            if action is None:
+                # Not readable: the hold time of the taint policy ends these conditions.
+                self._no_recovery_field.add(uuid)
+                del self._faulted[uuid]
+                continue
+            if action != 0:
+                self._recovering.add(uuid)
+                continue
+            del self._faulted[uuid]
+            if uuid not in self._recovering:
+                # NONE from the start: the driver asks for nothing; the hold time applies.
+                continue
+            self._recovering.discard(uuid)
+            log.info("GPU recovered (recovery action none)", extra=log_fields(gpu=uuid))
+            events.extend(
+                HealthEvent(
+                    device,
+                    condition,
+                    Severity.CRITICAL,
+                    value,
+                    "recovery action is none",
+                    ConditionKind.EVENT,
+                    cleared=True,
+                    at=self._clock.time(),
+                )
+                for device, condition, value in sorted(keys)
+            )
+        return events
+
+    def _recovery_action(self, gpu: GpuInfo, field_id: int | None) -> int | None:
+        if field_id is None or gpu.uuid in self._no_recovery_field:
+            return None
+        success = int(getattr(self._lib, "NVML_SUCCESS", 0))
+        try:
+            values = self._lib.nvmlDeviceGetFieldValues(gpu.handle, [field_id])
+        except Exception as error:
+            if not self._nvml.is_error(error):
+                raise
+            return None
+        value = values[0]
+        if int(value.nvmlReturn) != success:
+            return None
+        return int(value.value.uiVal)
+
+    def _free_sync(self) -> None:
+        if self._event_set is None:
+            return
+        event_set, self._event_set = self._event_set, None
+        try:
+            self._lib.nvmlEventSetFree(event_set)
+        except Exception as error:
+            log.debug("nvmlEventSetFree failed", extra=log_fields(error=str(error)))
+
+    # -- event handling -------------------------------------------------------------------------
+
+    async def _handle(self, outcome: _Outcome) -> list[HealthEvent]:
+        if outcome.error is not None:
+            lost = await anyio.to_thread.run_sync(self._probe_lost_sync)
+            if not lost:
+                log.warning("NVML event wait failed", extra=log_fields(error=str(outcome.error)))
+                # Do not spin on a persistent error.
+                await anyio.sleep(self._wait_ms / 1000)
+                return []
+            events: list[HealthEvent] = []
+            for gpu in lost:
+                events.extend(self._lost_events(gpu, f"GPU is lost: {outcome.error}"))
+            await anyio.to_thread.run_sync(self._rebuild_sync)
+            return events
+        if outcome.event is None:
+            return []
+        return self._map_event(outcome.event)
+
+    def _map_event(self, raw: RawEvent) -> list[HealthEvent]:
+        lib = self._lib
+        gpu = self._gpus.get(raw.gpu_uuid)
+        if gpu is None:
+            return []
+        targets = self._targets(gpu, raw)
+        now = self._clock.time()
+        if raw.event_type & int(getattr(lib, "nvmlEventTypeXidCriticalError", 0x8)):
+            xid = raw.data
+            self.state.last_xid[gpu.uuid] = xid
+            severity = self._policy.severity(xid)
+            message = "application error (informational)" if severity is Severity.INFO else "GPU error"
+            log.log(
+                logging.INFO if severity is Severity.INFO else logging.ERROR,
+                "XID event",
+                extra=log_fields(gpu=gpu.uuid, xid=xid, devices=",".join(d.name for d in targets)),
+            )
+            return self._conditions(
+                gpu, targets, condition=XID, severity=severity, value=str(xid), message=message, now=now
+            )
+        if raw.event_type & int(getattr(lib, "nvmlEventTypeDoubleBitEccError", 0x2)):
+            log.error("uncorrectable ECC error", extra=log_fields(gpu=gpu.uuid))
+            return self._conditions(
+                gpu,
+                targets,
+                condition=ECC_UNCORRECTABLE,
+                severity=Severity.CRITICAL,
+                value="",
+                message="double-bit ECC error",
+                now=now,
+            )
+        if raw.event_type & int(getattr(lib, "nvmlEventTypeSingleBitEccError", 0x1)):
+            return self._conditions(
+                gpu,
+                targets,
+                condition=ECC_CORRECTABLE,
+                severity=Severity.INFO,
+                value="",
+                message="single-bit ECC error (corrected)",
+                now=now,
+            )
+        return []
+
+    def _targets(self, gpu: GpuInfo, raw: RawEvent) -> list[NvDevice]:
+        devices = self.devices_of(gpu.uuid)
+        if not gpu.mig_enabled or raw.gpu_instance_id == INVALID_INSTANCE_ID:
+            return devices
+        matched = [
+            d
+            for d in devices
+            if d.mig is not None
+            and d.mig.gpu_instance_id == raw.gpu_instance_id
+            and raw.compute_instance_id in (INVALID_INSTANCE_ID, d.mig.compute_instance_id)
+        ]
+        # An event for an instance we do not publish still concerns the GPU.
+        return matched or devices
+
+    def _conditions(
+        self,
+        gpu: GpuInfo,
+        targets: Iterable[NvDevice],
+        *,
+        condition: str,
+        severity: Severity,
+        value: str,
+        message: str,
+        now: float,
+    ) -> list[HealthEvent]:
+        events = [
+            HealthEvent(d.name, condition, severity, value, message, ConditionKind.EVENT, at=now)
+            for d in targets
+        ]
+        if severity is Severity.CRITICAL and gpu.uuid not in self._no_recovery_field:
+            keys = self._faulted.setdefault(gpu.uuid, set())
+            keys.update((e.device, e.condition, e.value) for e in events)
+        return events
+
+    def _lost_events(self, gpu: GpuInfo, message: str) -> list[HealthEvent]:
+        self._lost.add(gpu.uuid)
+        log.error("GPU lost", extra=log_fields(gpu=gpu.uuid, hint="reset the GPU or reboot the node"))
+        return self._state_events(gpu, GPU_LOST, Severity.CRITICAL, message)
+
+    def _unmonitored(self, gpu: GpuInfo, message: str) -> list[HealthEvent]:
+        log.warning("GPU health is not monitored", extra=log_fields(gpu=gpu.uuid, reason=message))
+        return self._state_events(gpu, UNMONITORED, Severity.WARNING, message)
+
+    def _state_events(
+        self, gpu: GpuInfo, condition: str, severity: Severity, message: str
+    ) -> list[HealthEvent]:
+        now = self._clock.time()
+        return [
+            HealthEvent(d.name, condition, severity, "", message, ConditionKind.STATE, at=now)
+            for d in self.devices_of(gpu.uuid)
+        ]

@@ -1,0 +1,97 @@
+"""Fixtures of the NVIDIA backend tests: a fake NVML node, a sysfs tree, a backend factory."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agent.backend import BackendOptions, HealthEvent
+from agent.clock import FakeClock
+from backends.nvidia import NvidiaBackend
+from tests.fakes.fake_pynvml import FakeNvml, a100_full_mig, a100_mig, h100, l4
+
+# Bus IDs of the fixture GPUs and their PCIe roots: the two A100s share one root, H100 and L4 another.
+PCIE_ROOTS = {
+    "0000:07:00.0": "pci0000:00",
+    "0000:0f:00.0": "pci0000:00",
+    "0000:18:00.0": "pci0000:10",
+    "0000:3b:00.0": "pci0000:10",
+}
+
+
+def build_sysfs(root: Path, roots: Mapping[str, str] = PCIE_ROOTS) -> Path:
+    """A sysfs tree where /sys/bus/pci/devices/<bus id> links under /sys/devices/<root>/..."""
+    for bus_id, pci_root in roots.items():
+        device = root / "devices" / pci_root / f"{pci_root[3:]}:01.0" / bus_id
+        device.mkdir(parents=True)
+        link = root / "bus" / "pci" / "devices" / bus_id
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(device)
+    return root
+
+
+@pytest.fixture
+def fake() -> FakeNvml:
+    """A node with an A100 (four MIG devices), an A100 (one 7g.80gb), an H100 and an L4."""
+    return FakeNvml([a100_mig(0), a100_full_mig(1), h100(2), l4(3)])
+
+
+@pytest.fixture
+def sysfs(tmp_path: Path) -> Path:
+    return build_sysfs(tmp_path / "sys")
+
+
+BackendFactory = Callable[..., NvidiaBackend]
+
+
+@pytest.fixture
+def make_backend(tmp_path: Path, sysfs: Path, fake_clock: FakeClock) -> BackendFactory:
+    """``make_backend(fake, **settings)``: a backend on the fake NVML with test roots."""
+
+    def factory(nvml: FakeNvml, driver_name: str | None = None, **settings: str) -> NvidiaBackend:
+        options = BackendOptions("node-1", driver_name, {k.replace("_", "-"): v for k, v in settings.items()})
+        return NvidiaBackend(
+            options,
+            nvml_module=nvml.module,
+            clock=fake_clock,
+            sysfs_root=sysfs,
+            proc_root=tmp_path / "proc",
+            dev_root=tmp_path / "dev",
+        )
+
+    return factory
+
+
+class Sink:
+    """A `HealthSink` collecting events; `wait_for` waits (bounded) until a predicate holds."""
+
+    def __init__(self) -> None:
+        self.events: list[HealthEvent] = []
+        self._changed = anyio.Event()
+
+    async def __call__(self, event: HealthEvent) -> None:
+        self.events.append(event)
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    async def wait_for(self, predicate: Callable[[list[HealthEvent]], Any]) -> None:
+        with anyio.fail_after(5):
+            while not predicate(self.events):
+                await self._changed.wait()
+
+    async def wait_count(self, count: int) -> None:
+        await self.wait_for(lambda events: len(events) >= count)
+
+
+async def until(predicate: Callable[[], object]) -> None:
+    """Poll (bounded) for a state that the fake NVML's worker thread changes; no event can signal it."""
+    with anyio.fail_after(5):
+        for _ in itertools.count():
+            if predicate():
+                return
+            await anyio.sleep(0.005)
