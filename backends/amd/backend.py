@@ -1,0 +1,194 @@
+"""The AMD backend: amdsmi discovery, health, CDI container edits and telemetry for one driver name."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+
+from agent.backend import BackendOptions, ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink
+from agent.clock import Clock, SystemClock
+from agent.errors import BackendError, ConfigError, DeviceNotFoundError
+from agent.logs import log_fields
+from agent.model import Device
+from backends.amd.discovery import DEFAULT_DRIVER_NAME, Discovery, Sysfs, build_devices, read_processors
+from backends.amd.edits import StatFn, container_edits
+from backends.amd.health import HealthMonitor, HealthSettings
+from backends.amd.smi import SmiLibrary, check_module, describe, handle_key, import_amdsmi, init_error
+from backends.amd.telemetry import read_telemetry
+
+log = logging.getLogger("agent.backends.amd")
+
+SETTINGS = {
+    "driver": "the DRA driver name (default gpu.amd.com)",
+    "poll-interval": "seconds between RAS polls (default 10)",
+    "cper-max-age": "seconds after which a fatal CPER record no longer counts (default 3600)",
+    "event-timeout-ms": "milliseconds one event read waits; bounds shutdown delay (default 200)",
+    "sysfs-root": "where the host's /sys is visible (default /sys)",
+    "dev-root": "where the host's /dev is visible (default /dev)",
+}
+
+
+def _positive(settings: dict[str, str], key: str, default: float) -> float:
+    raw = settings.get(key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"--backend amd:{key}", raw, "a positive number")
+    return value
+
+
+def settings_from(options: BackendOptions) -> tuple[HealthSettings, str, str]:
+    """Parse the backend settings; raise `ConfigError` for unknown keys or bad values."""
+    settings = dict(options.settings)
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise ConfigError("--backend amd", ",".join(unknown), "settings among " + ", ".join(sorted(SETTINGS)))
+    health = HealthSettings(
+        poll_interval=_positive(settings, "poll-interval", 10.0),
+        event_timeout_ms=int(_positive(settings, "event-timeout-ms", 200)),
+        cper_max_age=_positive(settings, "cper-max-age", 3600.0),
+    )
+    return health, settings.get("sysfs-root", "/sys"), settings.get("dev-root", "/dev")
+
+
+def _identity(discovery: Discovery) -> set[tuple[str, int]]:
+    return {(name, handle_key(entry.handle)) for name, entry in discovery.entries.items()}
+
+
+class AmdBackend:
+    """Serves one DRA driver name (``gpu.amd.com`` by default) from what amdsmi sees."""
+
+    def __init__(
+        self,
+        options: BackendOptions,
+        *,
+        clock: Clock | None = None,
+        importer: Callable[[], Any] = import_amdsmi,
+        stat_fn: StatFn = os.stat,
+    ) -> None:
+        self._driver = options.driver_name or DEFAULT_DRIVER_NAME
+        self._health_settings, sysfs_root, self._dev_root = settings_from(options)
+        self._sysfs = Sysfs(sysfs_root)
+        self._clock = clock or SystemClock()
+        self._importer = importer
+        self._stat = stat_fn
+        self._lib: SmiLibrary | None = None
+        self._discovery = Discovery()
+        self._discovered = False
+        self._warned: set[str] = set()
+        self._logged_empty = False
+        self._devices_changed: anyio.Event | None = None
+
+    @property
+    def driver_name(self) -> str:
+        return self._driver
+
+    def _library(self) -> SmiLibrary:
+        if self._lib is None:
+            raise BackendError("amd backend: not started; call start() first")
+        return self._lib
+
+    async def start(self) -> None:
+        """Load amdsmi and initialize it for AMD GPUs; raise `BackendError` with a fix when it cannot."""
+        if self._lib is not None:
+            return
+        module = self._importer()
+        check_module(module)
+        lib = SmiLibrary(module)
+
+        def init(smi: Any) -> None:
+            try:
+                smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
+            except smi.AmdSmiException as error:
+                raise init_error(error) from error
+
+        await lib.run(init)
+        self._lib = lib
+        log.info("amdsmi initialized", extra=log_fields(driver=self._driver))
+
+    async def stop(self) -> None:
+        """Shut amdsmi down; never raises."""
+        lib, self._lib = self._lib, None
+        if lib is None:
+            return
+
+        def shut_down(smi: Any) -> None:
+            try:
+                smi.amdsmi_shut_down()
+            except Exception as error:
+                log.debug("amdsmi_shut_down failed", extra=log_fields(error=describe(error)))
+
+        try:
+            await lib.run(shut_down)
+        except Exception as error:  # never raise from stop
+            log.debug("amdsmi shutdown failed", extra=log_fields(error=str(error)))
+
+    async def discover(self) -> Sequence[Device]:
+        """Read GPUs and partitions now."""
+        lib = self._library()
+        sysfs = self._sysfs
+
+        def read(smi: Any) -> Any:
+            try:
+                return read_processors(smi, sysfs)
+            except smi.AmdSmiException as error:
+                raise BackendError(
+                    f"amd backend: listing GPUs failed: {describe(error)}; check 'amd-smi list' on the node"
+                ) from error
+
+        infos = await lib.run(read)
+        previous = self._discovery
+        self._discovery = build_devices(infos, self._driver, self._warned)
+        self._discovered = True
+        if self._devices_changed is not None and _identity(previous) != _identity(self._discovery):
+            self._devices_changed.set()
+        if not self._discovery.devices and not self._logged_empty:
+            self._logged_empty = True
+            log.warning(
+                "amdsmi sees no AMD GPUs; publishing none (is the amdgpu driver loaded?)",
+                extra=log_fields(driver=self._driver),
+            )
+        elif self._discovery.devices:
+            self._logged_empty = False
+        return self._discovery.devices
+
+    async def monitor_health(self, sink: HealthSink) -> None:
+        """Watch events and RAS for the discovered devices until cancelled."""
+        if not self._discovered:
+            await self.discover()
+        while True:
+            # Rediscovery may find other GPUs or partitions (a mode change, a GPU back from
+            # loss): watch the new set from then on.
+            changed = self._devices_changed = anyio.Event()
+            entries = list(self._discovery.entries.values())
+            monitor = HealthMonitor(self._library(), entries, self._clock, self._health_settings)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(monitor.run, sink)
+                await changed.wait()
+                tg.cancel_scope.cancel()
+            log.info("devices changed; restarting health monitoring", extra=log_fields(driver=self._driver))
+
+    async def prepare(self, device: str, claim: ClaimRef) -> ContainerEdits:
+        """Edits for /dev/kfd and the device's DRM nodes, read from the host now."""
+        entry = self._discovery.entries.get(device)
+        if entry is None:
+            raise DeviceNotFoundError(self._driver, device)
+        return await container_edits(self._dev_root, entry.card, entry.render, self._stat)
+
+    async def unprepare(self, device: str, claim: ClaimRef) -> None:
+        """Nothing to undo: preparing only reads device nodes."""
+
+    async def telemetry(self) -> Sequence[DeviceTelemetry]:
+        """Read counters of every published device; a failing field is None."""
+        lib = self._library()
+        entries = list(self._discovery.entries.values())
+        warned = self._warned
+        return await lib.run(lambda smi: read_telemetry(smi, entries, warned))
