@@ -9,17 +9,31 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from agent import __version__
+from agent.model import HealthStatus
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TELEMETRY_LABELS = ("driver", "pool", "device", "uuid", "pci_bus_id", "product")
+"""Labels of every per-device telemetry gauge; ``pool`` is the node name (the slices' pool)."""
+CLAIM_OPERATIONS = ("prepare", "unprepare")
+HEALTH_LABELS = tuple(status.value.lower() for status in HealthStatus)
+"""Values of the ``health`` label of `Metrics.devices`: healthy, unhealthy, unknown."""
 
 
 class Metrics:
-    """Every metric family of the agent."""
+    """Every metric family of the agent.
+
+    Units: durations in seconds, memory in bytes, temperature in degrees Celsius, power in
+    watts, utilization as a 0-1 ratio, timestamps in Unix seconds. Call `init_driver` for each
+    driver at start so the series that can be known then exist at zero (dashboards and alerts
+    then see 0, not "no data").
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.build_info = Info("dra_agent_build", "Version of the agent.", registry=r)
+        self.build_info.info({"version": __version__})
 
         # Kubelet side.
         self.grpc_requests = Counter(
@@ -42,7 +56,7 @@ class Metrics:
         )
         self.claim_latency = Histogram(
             "dra_agent_claim_operation_duration_seconds",
-            "Time to prepare or unprepare one claim.",
+            "Time to prepare or unprepare one claim, in seconds.",
             ("driver", "operation"),
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -123,7 +137,7 @@ class Metrics:
         )
         self.publish_latency = Histogram(
             "dra_agent_publish_duration_seconds",
-            "Time of one slice reconcile that wrote something.",
+            "Time of one slice reconcile that wrote something, in seconds.",
             ("driver",),
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -153,25 +167,39 @@ class Metrics:
         )
         self.monitor_last_seen = Gauge(
             "dra_agent_health_monitor_last_seen_timestamp_seconds",
-            "Unix time the backend's health monitor last answered.",
+            "Unix time the backend's health monitor (or its telemetry) last answered.",
             ("driver",),
             registry=r,
         )
 
         # Telemetry.
         self.gpu_utilization = Gauge(
-            "dra_agent_device_utilization_ratio", "Device busy ratio (0-1).", TELEMETRY_LABELS, registry=r
+            "dra_agent_device_utilization_ratio",
+            "Fraction of time the device was busy, 0 to 1.",
+            TELEMETRY_LABELS,
+            registry=r,
         )
         self.memory_used = Gauge(
-            "dra_agent_device_memory_used_bytes", "Device memory in use.", TELEMETRY_LABELS, registry=r
+            "dra_agent_device_memory_used_bytes",
+            "Device memory in use, in bytes.",
+            TELEMETRY_LABELS,
+            registry=r,
         )
         self.memory_total = Gauge(
-            "dra_agent_device_memory_total_bytes", "Device memory in all.", TELEMETRY_LABELS, registry=r
+            "dra_agent_device_memory_total_bytes",
+            "Device memory in all, in bytes.",
+            TELEMETRY_LABELS,
+            registry=r,
         )
         self.temperature = Gauge(
-            "dra_agent_device_temperature_celsius", "Device temperature.", TELEMETRY_LABELS, registry=r
+            "dra_agent_device_temperature_celsius",
+            "Device (GPU die) temperature in degrees Celsius.",
+            TELEMETRY_LABELS,
+            registry=r,
         )
-        self.power = Gauge("dra_agent_device_power_watts", "Device power draw.", TELEMETRY_LABELS, registry=r)
+        self.power = Gauge(
+            "dra_agent_device_power_watts", "Device power draw in watts.", TELEMETRY_LABELS, registry=r
+        )
         self.ecc_corrected = Gauge(
             "dra_agent_device_ecc_corrected_errors",
             "Corrected ECC errors since driver load.",
@@ -192,8 +220,38 @@ class Metrics:
         )
         self.telemetry_read_seconds = Histogram(
             "dra_agent_telemetry_read_duration_seconds",
-            "Time of one telemetry read of a backend.",
+            "Time of one telemetry read of a backend, in seconds.",
             ("driver",),
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.telemetry_errors = Counter(
+            "dra_agent_telemetry_read_errors_total",
+            "Telemetry reads of a backend that failed.",
+            ("driver",),
+            registry=r,
+        )
+
+        # Process.
+        self.event_loop_lag = Gauge(
+            "dra_agent_event_loop_lag_seconds",
+            "How late the event loop ran the last heartbeat (high values mean blocking code).",
+            registry=r,
+        )
+
+    def init_driver(self, driver: str) -> None:
+        """Create at zero the series of `driver` whose label values are known at start."""
+        self.registration_status.labels(driver)
+        self.prepared_claims.labels(driver)
+        self.prepared_devices.labels(driver)
+        self.health_watchers.labels(driver)
+        self.slices_published.labels(driver)
+        self.publish_latency.labels(driver)
+        self.dropped_taint_fallbacks.labels(driver)
+        self.monitor_last_seen.labels(driver)
+        self.telemetry_read_seconds.labels(driver)
+        self.telemetry_errors.labels(driver)
+        for operation in CLAIM_OPERATIONS:
+            self.claim_latency.labels(driver, operation)
+        for health in HEALTH_LABELS:
+            self.devices.labels(driver, health)
