@@ -11,7 +11,7 @@ import logging
 import random
 import signal
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 from anyio.abc import TaskGroup
@@ -81,14 +81,21 @@ class DriverRuntime:
     backend: Backend
     inventory: Inventory
     tracker: HealthTracker
-    extra: list[tuple[str, Callable[[], Awaitable[None]]]] = field(default_factory=list)
 
     @property
     def driver(self) -> str:
         return self.backend.driver_name
 
 
-Hook = Callable[["Agent", TaskGroup], Awaitable[None]]
+@dataclass(frozen=True)
+class Part:
+    """A long-running part of the agent, run under `supervise`."""
+
+    name: str
+    run: Callable[[], Awaitable[None]]
+
+
+PartsFactory = Callable[["Agent"], Sequence[Part]]
 
 
 class Agent:
@@ -101,7 +108,7 @@ class Agent:
         backends: Sequence[Backend] | None = None,
         metrics: Metrics | None = None,
         clock: Clock | None = None,
-        hooks: Sequence[Hook] = (),
+        parts: PartsFactory | None = None,
     ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
@@ -110,9 +117,9 @@ class Agent:
         self.drivers: dict[str, DriverRuntime] = {}
         for backend in self.backends:
             inventory = Inventory(backend.driver_name)
-            tracker = HealthTracker(inventory, self.clock, config.taint_hold_seconds)
+            tracker = HealthTracker(inventory, self.clock, config.taint_hold_seconds, metrics=self.metrics)
             self.drivers[backend.driver_name] = DriverRuntime(backend, inventory, tracker)
-        self._hooks = list(hooks)
+        self._parts = parts
         self.started = anyio.Event()
 
     async def run(self) -> None:
@@ -135,8 +142,8 @@ class Agent:
             async with anyio.create_task_group() as tg:
                 for runtime in self.drivers.values():
                     self._start_driver(tg, runtime)
-                for hook in self._hooks:
-                    await hook(self, tg)
+                for part in self._parts(self) if self._parts else ():
+                    tg.start_soon(supervise, part.name, part.run, self.clock, name=part.name)
                 self.started.set()
         finally:
             with anyio.CancelScope(shield=True):
@@ -164,7 +171,6 @@ class Agent:
             ("health-monitor", monitor),
             ("health-tracker", runtime.tracker.run),
             ("rediscovery", rediscover),
-            *runtime.extra,
         ]
         for name, part in parts:
             tg.start_soon(supervise, f"{driver}/{name}", part, self.clock, name=f"{driver}/{name}")

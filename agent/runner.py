@@ -1,64 +1,212 @@
-"""Composition root of `dra-agent run`: builds the agent's parts from the config and runs them.
+"""Composition root of `dra-agent run`: builds every part of the agent from the config and runs it.
 
-(Skeleton: publishing and the kubelet services are wired in as their modules land.)
+Per driver: health monitor and tracker (in `agent.app`), the slice publisher (or, with
+``--kube none``, a printer of the slices it would publish), the claim state and the kubelet
+plugin sockets, and the telemetry poller. Once: the metrics/health HTTP server.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import TextIO
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
 
-import anyio
 import yaml
-from anyio.abc import TaskGroup
 
-from agent.app import Agent, run_until_signal
+from agent.app import Agent, DriverRuntime, Part, create_backends, run_until_signal
+from agent.backend import Backend
+from agent.clock import Clock, SystemClock
 from agent.config import AgentConfig
+from agent.errors import KubeApiError
+from agent.events import EventRecorder
+from agent.httpserver import MetricsServer
+from agent.kubeclient import KubeClient
+from agent.metrics import Metrics
+from agent.plugin import KubeletPlugin
+from agent.publisher import SlicePublisher
+from agent.readiness import Readiness
 from agent.slices import build_pool
+from agent.state import DeviceState
 from agent.taints import ClusterTaintSupport, TaintPolicy
+from agent.telemetry import TelemetryPoller
 
 log = logging.getLogger("agent.runner")
 
 
-def slice_printer(out: TextIO, policy: TaintPolicy, support: ClusterTaintSupport):  # type: ignore[no-untyped-def]
-    """With ``--kube none``: print the slices the agent would publish, on every change."""
+class NoApiServer:
+    """The claim source with ``--kube none``: every claim read fails with a clear reason."""
 
-    async def hook(agent: Agent, tg: TaskGroup) -> None:
-        async def printer() -> None:
-            seen: dict[str, int] = {}
-            while True:
-                for driver, runtime in agent.drivers.items():
-                    version = runtime.inventory.version
-                    if seen.get(driver) == version:
-                        continue
-                    seen[driver] = version
-                    devices = runtime.inventory.devices()
-                    slices = build_pool(
-                        driver=driver,
-                        node_name=agent.config.node_name,
-                        node_uid="",
-                        devices=devices,
-                        taints=policy.taint_map(devices, support),
-                    )
-                    out.write(
-                        "---\n"
-                        + yaml.safe_dump(
-                            {"apiVersion": "v1", "kind": "List", "items": slices}, sort_keys=False
-                        )
-                    )
-                    out.flush()
-                await anyio.sleep(0.1)
+    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        raise KubeApiError(
+            f"cannot read ResourceClaim {namespace}/{name}: the agent runs with --kube none "
+            "(no API server); run it with --kube in-cluster or --kube kubeconfig to prepare claims"
+        )
 
-        tg.start_soon(printer)
 
-    return hook
+class AgentParts:
+    """Builds the parts of the agent; the demo and the tests use it with their own dependencies."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        kube: KubeClient | None,
+        metrics: Metrics,
+        readiness: Readiness,
+        clock: Clock,
+        policy: TaintPolicy,
+        out: TextIO = sys.stdout,
+    ) -> None:
+        self.config = config
+        self.kube = kube
+        self.metrics = metrics
+        self.readiness = readiness
+        self.clock = clock
+        self.policy = policy
+        self.out = out
+        self.publishers: dict[str, SlicePublisher] = {}
+        self.plugins: dict[str, KubeletPlugin] = {}
+        self.states: dict[str, DeviceState] = {}
+        self.metrics_port: int | None = None
+        self.events = EventRecorder(kube, config.node_name, clock=clock, metrics=metrics) if kube else None
+
+    def __call__(self, agent: Agent) -> Sequence[Part]:
+        parts = [Part("metrics-server", self._serve_metrics)]
+        for runtime in agent.drivers.values():
+            parts.extend(self.driver_parts(runtime))
+        if self.kube is None:
+            parts.append(Part("slice-printer", lambda: self._print_slices(agent)))
+        return parts
+
+    def driver_parts(self, runtime: DriverRuntime) -> list[Part]:
+        """The parts of one driver."""
+        config, driver = self.config, runtime.driver
+        poller = TelemetryPoller(
+            runtime.backend,
+            runtime.inventory,
+            self.metrics,
+            node_name=config.node_name,
+            interval=config.telemetry_interval_seconds,
+            clock=self.clock,
+            readiness=self.readiness,
+        )
+        parts = [Part(f"{driver}/telemetry", poller.run)]
+        if self.kube is not None:
+            publisher = SlicePublisher(
+                self.kube,
+                runtime.inventory,
+                config.node_name,
+                policy=self.policy,
+                clock=self.clock,
+                metrics=self.metrics,
+                events=self.events,
+                debounce_seconds=config.health_debounce_seconds,
+                resync_seconds=config.resync_seconds,
+            )
+            self.publishers[driver] = publisher
+            parts.append(Part(f"{driver}/publisher", publisher.run))
+        if config.serve_kubelet:
+            parts.append(Part(f"{driver}/kubelet", lambda: self._serve_kubelet(runtime)))
+        return parts
+
+    def _state(self, backend: Backend) -> DeviceState:
+        config, driver = self.config, backend.driver_name
+        plugin_dir = config.plugins_dir / driver
+        return DeviceState(
+            driver,
+            backend,
+            self.kube if self.kube is not None else NoApiServer(),
+            node_name=config.node_name,
+            cdi_root=config.cdi_root,
+            state_dir=config.state_dir / driver,
+            metrics=self.metrics,
+            events=self.events,
+            clock=self.clock,
+            lock_path=plugin_dir / "serialize.lock" if config.pod_uid else None,
+        )
+
+    async def _serve_kubelet(self, runtime: DriverRuntime) -> None:
+        config, driver = self.config, runtime.driver
+        check = f"registered/{driver}"
+        self.readiness.expect(check)
+        state = self._state(runtime.backend)
+        self.states[driver] = state
+        await state.start()
+
+        def registered(ok: bool, detail: str = "") -> None:
+            self.readiness.set(check, ok, detail)
+
+        plugin = KubeletPlugin(
+            driver,
+            state,
+            runtime.inventory,
+            plugins_dir=config.plugins_dir,
+            registry_dir=config.registry_dir,
+            pod_uid=config.pod_uid,
+            pool=config.node_name,
+            metrics=self.metrics,
+            readiness_callback=registered,
+            clock=self.clock,
+        )
+        self.plugins[driver] = plugin
+        await plugin.run()
+
+    async def _serve_metrics(self) -> None:
+        server = MetricsServer(self.config.metrics_address, self.metrics, self.readiness, clock=self.clock)
+        await server.run()
+
+    async def _print_slices(self, agent: Agent) -> None:
+        """With ``--kube none``: print the slices the agent would publish, on every change."""
+        support = ClusterTaintSupport(max_taints_per_device=16, none_effect=True)
+        seen: dict[str, int] = {}
+        while True:
+            for driver, runtime in agent.drivers.items():
+                version = runtime.inventory.version
+                if seen.get(driver) == version:
+                    continue
+                seen[driver] = version
+                devices = runtime.inventory.devices()
+                slices = build_pool(
+                    driver=driver,
+                    node_name=self.config.node_name,
+                    node_uid="",
+                    devices=devices,
+                    taints=self.policy.taint_map(devices, support),
+                )
+                self.out.write(
+                    "---\n"
+                    + yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": slices}, sort_keys=False)
+                )
+                self.out.flush()
+            await self.clock.sleep(0.1)
+
+
+def load_policy(path: Path | None) -> TaintPolicy:
+    """The taint policy from `path`, or the default one."""
+    return TaintPolicy.load(path) if path else TaintPolicy.default()
+
+
+async def connect_kube(config: AgentConfig) -> KubeClient | None:
+    """Connect to the API server as configured (None with ``--kube none``)."""
+    if config.kube_mode == "none":
+        return None
+    return await KubeClient.connect(config.kube_mode, config.kubeconfig)
 
 
 async def run_agent(config: AgentConfig) -> None:
     """Run the agent described by `config` until SIGTERM/SIGINT."""
-    policy = TaintPolicy.load(config.taint_policy) if config.taint_policy else TaintPolicy.default()
-    hooks = []
-    if config.kube_mode == "none":
-        hooks.append(slice_printer(sys.stdout, policy, ClusterTaintSupport(16, True)))
-    await run_until_signal(Agent(config, hooks=hooks))
+    clock = SystemClock()
+    metrics = Metrics()
+    policy = load_policy(config.taint_policy)
+    backends = create_backends(config)
+    kube = await connect_kube(config)
+    try:
+        parts = AgentParts(
+            config, kube=kube, metrics=metrics, readiness=Readiness(), clock=clock, policy=policy
+        )
+        await run_until_signal(Agent(config, backends=backends, metrics=metrics, clock=clock, parts=parts))
+    finally:
+        if kube is not None:
+            await kube.close()
