@@ -62,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     devices = sub.add_parser("devices", help="list the devices the backends discover")
     _add_config_flags(devices, only=("backends", "node_name", "log_level", "log_format"))
     devices.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
+    demo = sub.add_parser("demo", help="run the agent on the fake backend against an in-process API emulator")
+    demo.add_argument("--profile", default="mixed", help="fake backend profile (default mixed)")
+    demo.add_argument("--kube-version", default="1.34", help="Kubernetes version the emulator plays")
+    demo.add_argument("--taint-hold", type=float, default=2.0, help="seconds before a taint is lifted")
+    demo.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     sub.add_parser("version", help="print the version")
     for ep in entry_points(group=COMMAND_GROUP):
         register = ep.load()
@@ -142,6 +147,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = config_from_args(args)
             setup_logging(config.log_format, config.log_level)
             print_devices(anyio.run(_list_devices, config), args.output, sys.stdout)
+            return 0
+        if args.command == "demo":
+            setup_logging("keyvalue", args.log_level)
+            from agent.demo import DemoOptions, run_demo
+
+            options = DemoOptions(
+                profile=args.profile, kube_version=args.kube_version, hold_seconds=args.taint_hold
+            )
+            anyio.run(run_demo, sys.stdout, options)
             return 0
         if args.command == "run":
             config = config_from_args(args)

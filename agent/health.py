@@ -5,9 +5,10 @@ Rules (one driver's devices; conditions are keyed by device, condition and value
 - An event makes its condition active at once (``since`` = first occurrence of the episode, which
   stays put while the condition keeps coming back, so taint ``timeAdded`` does not churn).
 - Recovery: a condition is lifted once it has been quiet for the hold time (default 60 s). EVENT
-  conditions (an XID, an ECC error) count from their last occurrence; STATE conditions (GPU lost,
-  unmonitored) count from the backend's clear and never lift before it. A clear with an empty
-  value clears every value of that condition on the device.
+  conditions (an XID, an ECC error) count from their last occurrence, unless the vendor reports
+  recovery (a clear): then they lift at once. STATE conditions (GPU lost, unmonitored) count from
+  the backend's clear and never lift before it. A clear with an empty value clears every value of
+  that condition on the device.
 - Flap damping: a condition that comes back within `flap_window_seconds` (10 min) of its last
   clear or lift counts as a flap; its hold doubles per flap in the window, capped at
   `max_hold_factor` (8x). Flaps older than the window are forgotten.
@@ -36,6 +37,7 @@ log = logging.getLogger("agent.health")
 DEFAULT_FLAP_WINDOW_SECONDS = 600.0
 DEFAULT_MAX_HOLD_FACTOR = 8.0
 MAX_CONDITIONS_PER_DEVICE = 64
+_MAX_FLAPS_KEPT = 32  # 2**32 is beyond any hold factor; bounds memory and the exponent
 
 
 @dataclass
@@ -50,6 +52,11 @@ class _Active:
         if self.kind is ConditionKind.STATE:
             return self.cleared_at
         return self.last_seen
+
+    @property
+    def recovered(self) -> bool:
+        """An EVENT condition the vendor reported recovered: it lifts without waiting for the hold."""
+        return self.kind is ConditionKind.EVENT and self.cleared_at is not None
 
 
 @dataclass(frozen=True)
@@ -138,7 +145,7 @@ class HealthTracker:
             active.kind = event.kind
             self._publish(event.device)
         elif was_cleared:
-            log.info(
+            log.debug(  # the flap log above already says it at info, once per doubling
                 "health condition back before its hold ended",
                 extra=log_fields(driver=self.driver, device=event.device, condition=event.condition),
             )
@@ -180,8 +187,12 @@ class HealthTracker:
         ended = self._ended.get((device, condition))
         if ended is None or at - ended > self._window:
             return
-        flaps = self._flaps.setdefault((device, condition), deque())
+        before = self.hold_for(device, condition, at)
+        # The factor caps after a few flaps: older ones need not be kept.
+        flaps = self._flaps.setdefault((device, condition), deque(maxlen=_MAX_FLAPS_KEPT))
         flaps.append(at)
+        if self.hold_for(device, condition, at) == before:
+            return  # already at the cap: a flap storm logs once, not once per flap
         log.info(
             "health condition flapping; holding longer",
             extra=log_fields(
@@ -200,7 +211,7 @@ class HealthTracker:
         if not flaps:
             return self._hold
         count = sum(1 for t in flaps if at - self._window <= t <= at)
-        return self._hold * min(2.0**count, self._max_factor)
+        return self._hold * min(2.0 ** min(count, _MAX_FLAPS_KEPT), self._max_factor)
 
     def expire(self) -> None:
         """Lift the conditions whose hold time has passed; refresh the inventory when needed."""
@@ -208,7 +219,9 @@ class HealthTracker:
         lifted = []
         for key, active in self._active.items():
             quiet = active.quiet_since()
-            if quiet is not None and now - quiet >= self.hold_for(key[0], key[1], quiet):
+            if active.recovered or (
+                quiet is not None and now - quiet >= self.hold_for(key[0], key[1], quiet)
+            ):
                 lifted.append(key)
         for key in lifted:
             device, condition, value = key

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,6 +50,8 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "dra-agent"
 RESOURCE = "resourceslices"
 _RETRYABLE = {0, 409, 429, 500, 502, 503, 504}
+# One failed pass is a blip the retry absorbs; this many in a row make the agent not ready.
+_NOT_READY_AFTER_FAILURES = 3
 
 
 class TaintMapper(Protocol):
@@ -138,8 +140,10 @@ class SlicePublisher:
         backoff_max: float = 30.0,
         watch_timeout_seconds: int = 300,
         rng: random.Random | None = None,
+        on_published: Callable[[bool, str], None] | None = None,
     ) -> None:
         self._kube = kube
+        self._on_published = on_published
         self._inventory = inventory
         self.driver = inventory.driver
         self._node = node_name
@@ -223,10 +227,14 @@ class SlicePublisher:
                 result = await self.reconcile()
             except Exception as error:  # nothing may end the publisher; every failure is retried
                 self._note_failure(error)
+                if self._on_published is not None and self._episode.failures >= _NOT_READY_AFTER_FAILURES:
+                    self._on_published(False, f"publishing failing: {error}")
                 await self._clock.sleep(self._backoff(self._episode.failures))
                 self._wake.set()
                 continue
             self._episode.ok()
+            if self._on_published is not None:
+                self._on_published(True, "")
             if result.writes:
                 self._last_write_at = self._clock.monotonic()
 

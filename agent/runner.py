@@ -7,6 +7,7 @@ plugin sockets, and the telemetry poller. Once: the metrics/health HTTP server.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import Sequence
@@ -94,6 +95,8 @@ class AgentParts:
         )
         parts = [Part(f"{driver}/telemetry", poller.run)]
         if self.kube is not None:
+            check = f"published/{driver}"
+            self.readiness.expect(check)
             publisher = SlicePublisher(
                 self.kube,
                 runtime.inventory,
@@ -104,6 +107,7 @@ class AgentParts:
                 events=self.events,
                 debounce_seconds=config.health_debounce_seconds,
                 resync_seconds=config.resync_seconds,
+                on_published=functools.partial(self.readiness.set, check),
             )
             self.publishers[driver] = publisher
             parts.append(Part(f"{driver}/publisher", publisher.run))

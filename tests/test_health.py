@@ -273,9 +273,12 @@ async def test_fake_fault_to_taint_and_back(fake_clock: FakeClock) -> None:
         await injector.recover("gpu-1")
         await injector.recover("gpu-3")
         await settle()
+        # A recovery report lifts the XID (an event) at once; the lost GPU (a state) waits the hold.
+        tracker.expire()
+        assert set(policy.taint_map(inventory.devices(), support)) == {"gpu-1"}
         fake_clock.advance(59)
         tracker.expire()
-        assert set(policy.taint_map(inventory.devices(), support)) == {"gpu-1", "gpu-3"}
+        assert set(policy.taint_map(inventory.devices(), support)) == {"gpu-1"}
         fake_clock.advance(1)
         tracker.expire()
         assert policy.taint_map(inventory.devices(), support) == {}
@@ -300,3 +303,30 @@ async def test_ever_new_values_are_capped_per_device(
     fake_clock.advance(60)
     tracker.expire()
     assert conditions(inventory, "gpu-1") == [("gpu-lost", "")]
+
+
+async def test_vendor_recovery_report_lifts_an_event_condition_at_once(fake_clock: FakeClock) -> None:
+    inventory, tracker = make(fake_clock)
+    await tracker.handle(xid())
+    await tracker.handle(HealthEvent("gpu-1", "xid", Severity.CRITICAL, "79", cleared=True))
+    tracker.expire()
+    assert "gpu-1" not in inventory.health()
+    # Coming back after the report is a flap: the next hold is longer.
+    await tracker.handle(xid())
+    assert tracker.active()[0].lifts_at == fake_clock.time() + 120
+
+
+async def test_endless_flapping_neither_overflows_nor_floods_the_log(
+    fake_clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    inventory, tracker = make(fake_clock, hold=1)
+    caplog.set_level("INFO", logger="agent.health")
+    for _ in range(2000):
+        await tracker.handle(lost())
+        await tracker.handle(lost(cleared=True))
+        fake_clock.advance(0.1)
+    (active,) = tracker.active()
+    assert active.lifts_at is not None and active.lifts_at - fake_clock.time() <= 8.0
+    flapping = [r for r in caplog.records if "flapping" in r.getMessage()]
+    assert 1 <= len(flapping) <= 3  # once per doubling, then quiet at the cap
+    assert conditions(inventory, "gpu-2") == [("gpu-lost", "")]

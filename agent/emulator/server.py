@@ -6,6 +6,7 @@ import asyncio
 import base64
 import binascii
 import builtins
+import contextlib
 import json
 import logging
 import socket
@@ -793,7 +794,8 @@ class KubeApiEmulator:
         if self.faults.down and request.transport is not None:
             request.transport.abort()
             return response
-        await response.write_eof()
+        with contextlib.suppress(OSError):  # the client may have gone while we were ending the stream
+            await response.write_eof()
         return response
 
 
