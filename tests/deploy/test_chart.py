@@ -204,10 +204,19 @@ def test_rbac_is_least_privilege(variant: str) -> None:
         for resource in rule["resources"]
     }
     assert grants[("resource.k8s.io", "resourceclaims")] == {"get"}
-    assert grants[("resource.k8s.io", "resourceclaims/status")] == {"update", "patch"}
+    # The agent writes no claim status (no per-device status yet): no grant for it.
+    assert ("resource.k8s.io", "resourceclaims/status") not in grants
+    assert grants[("resource.k8s.io", "resourceslices")] == {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "delete",
+    }
     assert grants[("", "nodes")] == {"get"}
-    assert grants[("", "events")] == {"create", "patch"}
-    assert grants[("resource.k8s.io", "devicetaintrules")] == {"get", "list", "watch"}
+    assert grants[("", "events")] == {"create"}
+    assert grants[("resource.k8s.io", "devicetaintrules")] == {"get", "list", "create", "update", "delete"}
     for verbs in grants.values():
         assert "*" not in verbs and "escalate" not in verbs and "bind" not in verbs
     assert not any(r == "secrets" for _, r in grants)
@@ -227,7 +236,7 @@ def test_admission_policy_limits_the_agent_to_its_own_node(variant: str) -> None
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
     (rule,) = spec["matchConstraints"]["resourceRules"]
-    assert rule["resources"] == ["resourceslices"]
+    assert rule["resources"] == ["resourceslices", "devicetaintrules"]
     assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
     (condition,) = spec["matchConditions"]
     assert f"system:serviceaccount:{NAMESPACE}:{account['metadata']['name']}" in condition["expression"]
@@ -388,14 +397,27 @@ def _policy_decision(policy: dict[str, Any], request: dict[str, Any]) -> tuple[b
     return True, "allowed"
 
 
-def _request(operation: str, user: str, node: str | None, slice_node: str | None) -> dict[str, Any]:
+def _request(
+    operation: str, user: str, node: str | None, slice_node: str | None, resource: str = "resourceslices"
+) -> dict[str, Any]:
     extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
-    slice_spec = {
-        "driver": "gpu.nvidia.com",
-        **({"nodeName": slice_node} if slice_node else {"allNodes": True}),
-    }
-    obj = {"spec": slice_spec}
+    if resource == "devicetaintrules":
+        selector = {
+            "driver": "gpu.nvidia.com",
+            "device": "gpu-0",
+            **({"pool": slice_node} if slice_node else {}),
+        }
+        obj: dict[str, Any] = {
+            "spec": {"deviceSelector": selector, "taint": {"key": "k", "effect": "NoSchedule"}}
+        }
+    else:
+        slice_spec = {
+            "driver": "gpu.nvidia.com",
+            **({"nodeName": slice_node} if slice_node else {"allNodes": True}),
+        }
+        obj = {"spec": slice_spec}
     return {
+        "resource": {"group": "resource.k8s.io", "version": "v1", "resource": resource},
         "operation": operation,
         "userInfo": {"username": user, "extra": extra},
         "object": None if operation == "DELETE" else obj,
@@ -416,6 +438,11 @@ def test_admission_policy_decisions() -> None:
         (("CREATE", agent, None, "node-a"), False),  # token without the node claim
         (("CREATE", agent, "node-a", None), False),  # not a node-local slice
         (("DELETE", "system:serviceaccount:other:controller", None, "node-b"), True),  # not the agent
+        (("CREATE", agent, "node-a", "node-a", "devicetaintrules"), True),
+        (("DELETE", agent, "node-a", "node-a", "devicetaintrules"), True),
+        (("CREATE", agent, "node-a", "node-b", "devicetaintrules"), False),  # tainting another node
+        (("UPDATE", agent, "node-a", "node-b", "devicetaintrules"), False),
+        (("CREATE", agent, "node-a", None, "devicetaintrules"), False),  # a rule on every pool
     ]
     for args, allowed in cases:
         decision, message = _policy_decision(policy, _request(*args))
