@@ -4,7 +4,8 @@ Default policy (vendor-neutral, from severity): each condition of a device becom
 ``<driver>/<condition>`` with the condition's value; CRITICAL and WARNING -> ``NoSchedule``;
 INFO -> ``None`` (informational) where the cluster accepts it (1.35+), dropped otherwise. With the
 backends' severities this gives: ``gpu.nvidia.com/xid=79:NoSchedule``, application XIDs
-(13, 31, 43, 45, 68, 109) informational, ``gpu-lost`` ``NoSchedule``, ``unmonitored`` informational.
+(13, 31, 43, 45, 68, 109) informational, ``gpu-lost`` ``NoSchedule``, and ``unmonitored`` (a warning)
+informational through the built-in rule `DEFAULT_RULES`, which a user rule can override.
 
 User overrides (``--taint-policy FILE``)::
 
@@ -129,6 +130,10 @@ class TaintRule:
         return (2 if self.values is not None else 0) + (1 if self.driver is not None else 0)
 
 
+# A device the backend cannot watch is not faulty: say so without keeping work off it.
+DEFAULT_RULES: tuple[TaintRule, ...] = (TaintRule("unmonitored", effect=EFFECT_NONE),)
+
+
 class TaintPolicy:
     """Maps health conditions to taints: severity defaults plus user rules."""
 
@@ -137,14 +142,14 @@ class TaintPolicy:
         rules: Sequence[TaintRule] = (),
         severity_effects: Mapping[Severity, str | None] = DEFAULT_SEVERITY_EFFECTS,
     ) -> None:
-        # Most specific first; among equals, the later rule in the file wins.
-        indexed = list(enumerate(rules))
+        # Most specific first; among equals, the later rule wins (user rules come after the defaults).
+        indexed = list(enumerate((*DEFAULT_RULES, *rules)))
         self.rules = tuple(r for _, r in sorted(indexed, key=lambda ir: (-ir[1].specificity, -ir[0])))
         self.severity_effects = MappingProxyType({**DEFAULT_SEVERITY_EFFECTS, **severity_effects})
 
     @classmethod
     def default(cls) -> TaintPolicy:
-        """The built-in policy (see the module docstring)."""
+        """The built-in policy (see the module docstring): severity effects plus `DEFAULT_RULES`."""
         return cls()
 
     @classmethod

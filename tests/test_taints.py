@@ -49,8 +49,13 @@ def test_defaults_from_severity() -> None:
         DeviceTaint("gpu.nvidia.com/xid", "NoSchedule", "79", "2023-11-14T22:13:20Z"),
     )
     assert policy.taints_for(device(cond("gpu-lost")), V134)[0].key == "gpu.nvidia.com/gpu-lost"
-    warning = device(cond("unmonitored", severity=Severity.WARNING))
-    assert policy.taints_for(warning, V134)[0].effect == "NoSchedule"
+    # An unmonitored device is reported, not kept free: informational on 1.35, dropped on 1.34.
+    unmonitored = device(cond("unmonitored", severity=Severity.WARNING))
+    assert policy.taints_for(unmonitored, V134) == ()
+    assert policy.taints_for(unmonitored, V135)[0].effect == "None"
+    assert policy.taints_for(device(cond("other-warning", severity=Severity.WARNING)), V134)[0].effect == (
+        "NoSchedule"
+    )
     amd = device(cond("ecc-uncorrectable", "umc"), driver=AMD)
     assert policy.taints_for(amd, V134) == (
         DeviceTaint("gpu.amd.com/ecc-uncorrectable", "NoSchedule", "umc", "2023-11-14T22:13:20Z"),
@@ -234,3 +239,10 @@ def test_unreadable_or_invalid_yaml(tmp_path: Path) -> None:
         TaintPolicy.load(tmp_path / "missing.yaml")
     with pytest.raises(TaintPolicyError, match="expected valid YAML"):
         TaintPolicy.load(write(tmp_path, "rules: [\n"))
+
+
+def test_a_user_rule_overrides_the_unmonitored_default(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("rules:\n  - condition: unmonitored\n    effect: NoSchedule\n")
+    unmonitored = device(cond("unmonitored", severity=Severity.WARNING))
+    assert TaintPolicy.load(path).taints_for(unmonitored, V134)[0].effect == "NoSchedule"

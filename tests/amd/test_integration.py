@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import anyio
 import pytest
@@ -168,16 +167,6 @@ async def test_mixed_node_publishes_both_drivers_and_amd_fault_taints_amd_only(
         await backend.stop()
 
 
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-@pytest.mark.usefixtures("restore_logging")
 def test_cli_devices_backend_amd(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi(mi300x("cpx_nps4", count=1)))
     assert main(["devices", "--backend", "amd:sysfs-root=/dev/null", "-o", "json"]) == 0
@@ -188,7 +177,6 @@ def test_cli_devices_backend_amd(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     assert rows[0]["capacity"]["computeUnits"] == "38"
 
 
-@pytest.mark.usefixtures("restore_logging")
 def test_cli_devices_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi(mi300x(count=1)))
     assert main(["devices", "--backend", "amd:sysfs-root=/dev/null"]) == 0
@@ -196,7 +184,6 @@ def test_cli_devices_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
     assert "gpu-1-128" in out and "AMD_Instinct_MI300X_OAM" in out and "196592Mi" in out and "amdgpu" in out
 
 
-@pytest.mark.usefixtures("restore_logging")
 def test_cli_devices_driver_not_loaded(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -428,7 +428,7 @@ def _request(
 def test_admission_policy_decisions() -> None:
     (policy,) = only(objects_of("nvidia"), "ValidatingAdmissionPolicy")
     agent = f"system:serviceaccount:{NAMESPACE}:dra-agent"
-    cases = [
+    cases: list[tuple[tuple[Any, ...], bool]] = [
         (("CREATE", agent, "node-a", "node-a"), True),
         (("UPDATE", agent, "node-a", "node-a"), True),
         (("DELETE", agent, "node-a", "node-a"), True),
