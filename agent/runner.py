@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import anyio
 import yaml
 
 from agent.app import Agent, DriverRuntime, Part, create_backends, run_until_signal
@@ -163,28 +164,27 @@ class AgentParts:
 
     async def _print_slices(self, agent: Agent) -> None:
         """With ``--kube none``: print the slices the agent would publish, on every change."""
+        async with anyio.create_task_group() as tg:
+            for runtime in agent.drivers.values():
+                tg.start_soon(self._print_pool, runtime)
+
+    async def _print_pool(self, runtime: DriverRuntime) -> None:
         support = ClusterTaintSupport(max_taints_per_device=16, none_effect=True)
-        seen: dict[str, int] = {}
+        version = -1
         while True:
-            for driver, runtime in agent.drivers.items():
-                version = runtime.inventory.version
-                if seen.get(driver) == version:
-                    continue
-                seen[driver] = version
-                devices = runtime.inventory.devices()
-                slices = build_pool(
-                    driver=driver,
-                    node_name=self.config.node_name,
-                    node_uid="",
-                    devices=devices,
-                    taints=self.policy.taint_map(devices, support),
-                )
-                self.out.write(
-                    "---\n"
-                    + yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": slices}, sort_keys=False)
-                )
-                self.out.flush()
-            await self.clock.sleep(0.1)
+            version = await runtime.inventory.wait_changed(version)
+            devices = runtime.inventory.devices()
+            slices = build_pool(
+                driver=runtime.driver,
+                node_name=self.config.node_name,
+                node_uid="",
+                devices=devices,
+                taints=self.policy.taint_map(devices, support),
+            )
+            document = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": slices}, sort_keys=False)
+            self.out.write("---\n" + document)
+            self.out.flush()
+            await self.clock.sleep(0.1)  # coalesce a burst of changes into one print
 
 
 def load_policy(path: Path | None) -> TaintPolicy:

@@ -3,7 +3,8 @@
 Starts the agent as a real process with ``--kube none`` (no API server: it prints the slices it
 would publish) and the kubelet sockets in a temporary directory, measures the time to the first
 printed pool and to the registration sockets, then reads the process's resident memory
-(``VmRSS``/``VmHWM`` from /proc) after it has settled, for each profile.
+(``VmRSS``/``VmHWM`` from /proc) after it has settled and its CPU use while idle (no faults, no
+claims: the health tracker, telemetry poller and servers only), for each profile.
 
 Run: ``python -m benchmarks.agent_bench`` (``--quick``: one profile).
 """
@@ -32,7 +33,13 @@ def memory_kib(pid: int) -> dict[str, int]:
     return out
 
 
-def measure(profile: str) -> list[tuple[str, str]]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of `pid` so far (Linux /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(profile: str, idle_seconds: float) -> list[tuple[str, str]]:
     with tempfile.TemporaryDirectory(prefix="dra-bench-", dir="/tmp") as tmp:
         root = Path(tmp)
         args = [
@@ -54,6 +61,9 @@ def measure(profile: str) -> list[tuple[str, str]]:
                 time.sleep(0.005)
             sockets = time.perf_counter() - start
             time.sleep(SETTLE_SECONDS)
+            cpu_before = cpu_seconds(proc.pid)
+            time.sleep(idle_seconds)
+            idle_cpu = (cpu_seconds(proc.pid) - cpu_before) / idle_seconds
             memory = memory_kib(proc.pid)
             proc.send_signal(signal.SIGTERM)
             stop = time.perf_counter()
@@ -64,6 +74,7 @@ def measure(profile: str) -> list[tuple[str, str]]:
         (f"{profile}: start to registration socket", f"{sockets * 1000:.0f} ms"),
         (f"{profile}: resident memory after {SETTLE_SECONDS:g} s", f"{memory['VmRSS'] / 1024:.1f} MiB"),
         (f"{profile}: peak resident memory", f"{memory['VmHWM'] / 1024:.1f} MiB"),
+        (f"{profile}: idle CPU over {idle_seconds:g} s", f"{idle_cpu * 100:.2f} % of a core"),
         (f"{profile}: SIGTERM to exit", f"{stopped * 1000:.0f} ms"),
     ]
 
@@ -71,7 +82,7 @@ def measure(profile: str) -> list[tuple[str, str]]:
 def main(quick: bool) -> None:
     rows: list[tuple[str, str]] = []
     for profile in ["mixed"] if quick else ["mixed", "nvidia-a100-8x", "amd-mi300x-8x-cpx"]:
-        rows.extend(measure(profile))
+        rows.extend(measure(profile, 5.0 if quick else 20.0))
     width = max(len(name) for name, _ in rows)
     print(f"{'measure'.ljust(width)}  value")
     for name, value in rows:

@@ -32,7 +32,8 @@ from agent.metrics import Metrics
 from agent.plugin import socket_paths
 from agent.readiness import Readiness
 from agent.runner import AgentParts
-from agent.taints import TaintPolicy
+from agent.taints import ClusterTaintSupport, TaintPolicy
+from agent.validation import check_device_entry, check_slice_spec
 from backends.amd.backend import AmdBackend
 from backends.nvidia import NvidiaBackend
 from tests.amd.conftest import make_sysfs
@@ -78,9 +79,20 @@ async def test_demo_shows_slices_taint_and_prepare(capsys: pytest.CaptureFixture
     report = await run_demo(out, DemoOptions(hold_seconds=1.5))
     assert {s["spec"]["driver"] for s in report.slices} == {"gpu.nvidia.com", "gpu.amd.com"}
     for item in report.slices:
-        # What the demo publishes is valid for a real 1.34 API server, field by field.
+        # What the demo publishes is valid for a real 1.34 API server: the published schema checks
+        # the shape, our own rules (those of the API server's validation) the names, values and semver.
         kubernetes_validate.validate(item, KUBE_VERSION, strict=True)
+        spec = item["spec"]
         assert item["metadata"]["ownerReferences"][0]["kind"] == "Node"
+        assert not check_slice_spec(
+            driver=spec["driver"],
+            node_name=spec["nodeName"],
+            pool_name=spec["pool"]["name"],
+            device_count=len(spec["devices"]),
+        )
+        assert [check_device_entry(d, ClusterTaintSupport()) for d in spec["devices"]] == [None] * len(
+            spec["devices"]
+        )
     assert report.taint["key"] == "gpu.nvidia.com/xid" and report.taint["value"] == "79"
     assert report.taint["effect"] == "NoSchedule"
     assert report.lift_seconds >= 1.5
