@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,6 +33,7 @@ from grpclib.client import Channel
 from agent._protos.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from agent._protos.pluginregistration import InfoRequest, RegistrationStatus, RegistrationStub
 from agent.app import Agent
+from agent.backend import Backend
 from agent.clock import SystemClock
 from agent.config import AgentConfig, BackendSpec
 from agent.emulator import KubeApiEmulator
@@ -45,7 +47,6 @@ from agent.taints import TaintPolicy
 
 DEMO_NODE = "demo-node"
 DEMO_NAMESPACE = "default"
-DEMO_CLAIM_UID = "5f0c3e2a-7b1d-4c1e-9a51-2d8f6f1c0a01"
 
 
 class DemoError(AgentError):
@@ -169,6 +170,35 @@ def demo_config(root: Path, kubeconfig: Path, options: DemoOptions) -> AgentConf
     )
 
 
+@asynccontextmanager
+async def agent_running(
+    config: AgentConfig, backends: Sequence[Backend] | None = None
+) -> AsyncIterator[AgentParts]:
+    """The whole agent (as ``dra-agent run`` builds it) running for the duration of the block.
+
+    `config` names the API server (``kube_mode``/``kubeconfig``); `backends` default to the
+    config's. The demo and the end-to-end tests use it.
+    """
+    kube = await KubeClient.connect(config.kube_mode, config.kubeconfig)
+    try:
+        clock, metrics = SystemClock(), Metrics()
+        parts = AgentParts(
+            config,
+            kube=kube,
+            metrics=metrics,
+            readiness=Readiness(),
+            clock=clock,
+            policy=TaintPolicy.default(),
+        )
+        agent = Agent(config, backends=backends, metrics=metrics, clock=clock, parts=parts)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent.run)
+            yield parts
+            tg.cancel_scope.cancel()
+    finally:
+        await kube.close()
+
+
 async def run_demo(out: TextIO, options: DemoOptions | None = None) -> DemoReport:
     """Run the demo, printing to `out`; raises `DemoError` when a step does not happen."""
     options = options or DemoOptions()
@@ -177,28 +207,9 @@ async def run_demo(out: TextIO, options: DemoOptions | None = None) -> DemoRepor
         root = Path(tmp)
         async with KubeApiEmulator(version=options.kube_version) as emu:
             emu.add_node(DEMO_NODE)
-            kubeconfig = emu.write_kubeconfig(root / "kubeconfig")
-            config = demo_config(root, kubeconfig, options)
-            kube = await KubeClient.connect("kubeconfig", kubeconfig)
-            try:
-                clock, metrics, readiness = SystemClock(), Metrics(), Readiness()
-                parts = AgentParts(
-                    config,
-                    kube=kube,
-                    metrics=metrics,
-                    readiness=readiness,
-                    clock=clock,
-                    policy=TaintPolicy.default(),
-                    out=out,
-                )
-                agent = Agent(config, metrics=metrics, clock=clock, parts=parts)
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(agent.run)
-                    report = await _Walkthrough(_Printer(out), emu, config, parts, options).run()
-                    tg.cancel_scope.cancel()
-            finally:
-                await kube.close()
-    return report
+            config = demo_config(root, emu.write_kubeconfig(root / "kubeconfig"), options)
+            async with agent_running(config) as parts:
+                return await _Walkthrough(_Printer(out), emu, config, parts, options).run()
 
 
 @dataclass

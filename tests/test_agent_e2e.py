@@ -21,18 +21,14 @@ import anyio
 import kubernetes_validate
 import pytest
 
-from agent.app import Agent
 from agent.backend import Backend, BackendOptions
 from agent.clock import SystemClock
 from agent.config import AgentConfig
-from agent.demo import DemoOptions, run_demo
+from agent.demo import DemoOptions, agent_running, demo_config, run_demo
 from agent.emulator import KubeApiEmulator
-from agent.kubeclient import KubeClient
-from agent.metrics import Metrics
 from agent.plugin import socket_paths
-from agent.readiness import Readiness
 from agent.runner import AgentParts
-from agent.taints import ClusterTaintSupport, TaintPolicy
+from agent.taints import ClusterTaintSupport
 from agent.validation import check_device_entry, check_slice_spec
 from backends.amd.backend import AmdBackend
 from backends.nvidia import NvidiaBackend
@@ -118,7 +114,6 @@ class Running:
     emu: KubeApiEmulator
     config: AgentConfig
     parts: AgentParts
-    agent: Agent
 
 
 @asynccontextmanager
@@ -126,38 +121,14 @@ async def running_agent(root: Path, backends: list[Backend]) -> AsyncIterator[Ru
     """The agent with `backends`, publishing to an emulator and serving the kubelet under `root`."""
     async with KubeApiEmulator(version="1.34") as emu:
         emu.add_node(NODE)
-        kubeconfig = emu.write_kubeconfig(root / "kubeconfig")
         config = replace(
-            AgentConfig(),
+            demo_config(root, emu.write_kubeconfig(root / "kubeconfig"), DemoOptions()),
             node_name=NODE,
-            registry_dir=root / "registry",
-            plugins_dir=root / "plugins",
-            cdi_root=root / "cdi",
-            state_dir=root / "state",
-            metrics_address="127.0.0.1:0",
-            kube_mode="kubeconfig",
-            kubeconfig=kubeconfig,
             taint_hold_seconds=1.0,
         )
-        kube = await KubeClient.connect("kubeconfig", kubeconfig)
-        clock, metrics = SystemClock(), Metrics()
-        parts = AgentParts(
-            config,
-            kube=kube,
-            metrics=metrics,
-            readiness=Readiness(),
-            clock=clock,
-            policy=TaintPolicy.default(),
-        )
-        agent = Agent(config, backends=backends, metrics=metrics, clock=clock, parts=parts)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(agent.run)
-                await until(lambda: emu.list("resourceslices"), "the first slices")
-                yield Running(emu, config, parts, agent)
-                tg.cancel_scope.cancel()
-        finally:
-            await kube.close()
+        async with agent_running(config, backends) as parts:
+            await until(lambda: emu.list("resourceslices"), "the first slices")
+            yield Running(emu, config, parts)
 
 
 def nvidia_backend(root: Path, nvml: FakeNvml) -> NvidiaBackend:
