@@ -127,7 +127,12 @@ async def running_agent(root: Path, backends: list[Backend]) -> AsyncIterator[Ru
             taint_hold_seconds=1.0,
         )
         async with agent_running(config, backends) as parts:
-            await until(lambda: emu.list("resourceslices"), "the first slices")
+
+            def published() -> bool:
+                checks = parts.readiness.ready()[1]
+                return all(checks.get(f"published/{b.driver_name}", (False, ""))[0] for b in backends)
+
+            await until(published, "every driver's first slices")
             yield Running(emu, config, parts)
 
 
