@@ -169,14 +169,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unknown command {args.command}")
         result: int = handler(args)
         return result
-    except ConfigError as error:
-        print(f"dra-agent: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
     except AgentError as error:
-        print(f"dra-agent: error: {error}", file=sys.stderr)
-        return EXIT_FAILURE
+        return _report(error)
+    except BaseExceptionGroup as group:
+        # A task group wraps what its body raised: a start-up error still gets its one line.
+        first = _only_agent_error(group)
+        if first is None:
+            raise
+        return _report(first)
     except KeyboardInterrupt:
         return 130
+
+
+def _report(error: AgentError) -> int:
+    print(f"dra-agent: error: {error}", file=sys.stderr)
+    return EXIT_USAGE if isinstance(error, ConfigError) else EXIT_FAILURE
+
+
+def _only_agent_error(group: BaseExceptionGroup[BaseException]) -> AgentError | None:
+    """The first `AgentError` of `group` when every exception in it is one, else None."""
+    matched, rest = group.split(AgentError)
+    if matched is None or rest is not None:
+        return None
+    leaf: BaseException = matched
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    return leaf if isinstance(leaf, AgentError) else None
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import pytest
 
 from agent.cli import main
 from agent.config import OPTIONS, AgentConfig, BackendSpec, build_config, parse_backend_spec
-from agent.errors import ConfigError
+from agent.errors import BackendError, ConfigError
 
 
 def test_defaults() -> None:
@@ -89,3 +89,35 @@ def test_cli_unknown_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["version"]) == 0
     assert capsys.readouterr().out.startswith("dra-agent ")
+
+
+@pytest.mark.parametrize(
+    ("raised", "code"),
+    [
+        (ExceptionGroup("task group", [BackendError("cannot load the NVML library")]), 1),
+        (ExceptionGroup("outer", [ExceptionGroup("inner", [ConfigError("--x", "y", "z")])]), 2),
+    ],
+)
+def test_cli_start_up_error_inside_the_task_group_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], raised: BaseException, code: int
+) -> None:
+    import agent.runner
+
+    async def failing(config: AgentConfig) -> None:
+        raise raised
+
+    monkeypatch.setattr(agent.runner, "run_agent", failing)
+    assert main(["run", "--kube", "none"]) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dra-agent: error: ")
+
+
+def test_cli_other_failures_in_the_task_group_are_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    import agent.runner
+
+    async def failing(config: AgentConfig) -> None:
+        raise ExceptionGroup("task group", [BackendError("known"), RuntimeError("a bug")])
+
+    monkeypatch.setattr(agent.runner, "run_agent", failing)
+    with pytest.raises(ExceptionGroup):
+        main(["run", "--kube", "none"])
