@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
 import grpclib.const
@@ -233,6 +234,30 @@ def _guard_decoding(mapping: dict[str, grpclib.const.Handler]) -> dict[str, grpc
     return {path: h._replace(func=guarded(h.func)) for path, h in mapping.items()}
 
 
+def _prepare_response(pb: ModuleType, results: Mapping[str, PrepareResult], *, share_id: bool) -> Any:
+    """The ``NodePrepareResourcesResponse`` of one API version (`pb`: its generated module)."""
+
+    def device(d: Any) -> Any:
+        fields: dict[str, Any] = {
+            "request_names": base_request_names(d.requests),
+            "pool_name": d.pool,
+            "device_name": d.device,
+            "cdi_device_ids": list(d.cdi_device_ids),
+        }
+        if share_id:  # v1 only
+            fields["share_id"] = d.share_id
+        return pb.Device(**fields)
+
+    return pb.NodePrepareResourcesResponse(
+        claims={
+            uid: pb.NodePrepareResourceResponse(
+                devices=[] if r.error else [device(d) for d in r.devices], error=r.error
+            )
+            for uid, r in results.items()
+        }
+    )
+
+
 class DRAPluginV1(pb_v1.DraPluginBase):
     """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` (Kubernetes 1.34+), with ``share_id``."""
 
@@ -246,26 +271,8 @@ class DRAPluginV1(pb_v1.DraPluginBase):
         self, node_prepare_resources_request: pb_v1.NodePrepareResourcesRequest
     ) -> pb_v1.NodePrepareResourcesResponse:
         results = await self.service.prepare("v1", node_prepare_resources_request.claims)
-        return pb_v1.NodePrepareResourcesResponse(
-            claims={
-                uid: pb_v1.NodePrepareResourceResponse(
-                    devices=[
-                        pb_v1.Device(
-                            request_names=base_request_names(d.requests),
-                            pool_name=d.pool,
-                            device_name=d.device,
-                            cdi_device_ids=list(d.cdi_device_ids),
-                            share_id=d.share_id,
-                        )
-                        for d in r.devices
-                    ]
-                    if not r.error
-                    else [],
-                    error=r.error,
-                )
-                for uid, r in results.items()
-            }
-        )
+        response: pb_v1.NodePrepareResourcesResponse = _prepare_response(pb_v1, results, share_id=True)
+        return response
 
     async def node_unprepare_resources(
         self, node_unprepare_resources_request: pb_v1.NodeUnprepareResourcesRequest
@@ -289,25 +296,10 @@ class DRAPluginV1Beta1(pb_v1beta1.DraPluginBase):
         self, node_prepare_resources_request: pb_v1beta1.NodePrepareResourcesRequest
     ) -> pb_v1beta1.NodePrepareResourcesResponse:
         results = await self.service.prepare("v1beta1", node_prepare_resources_request.claims)
-        return pb_v1beta1.NodePrepareResourcesResponse(
-            claims={
-                uid: pb_v1beta1.NodePrepareResourceResponse(
-                    devices=[
-                        pb_v1beta1.Device(
-                            request_names=base_request_names(d.requests),
-                            pool_name=d.pool,
-                            device_name=d.device,
-                            cdi_device_ids=list(d.cdi_device_ids),
-                        )
-                        for d in r.devices
-                    ]
-                    if not r.error
-                    else [],
-                    error=r.error,
-                )
-                for uid, r in results.items()
-            }
+        response: pb_v1beta1.NodePrepareResourcesResponse = _prepare_response(
+            pb_v1beta1, results, share_id=False
         )
+        return response
 
     async def node_unprepare_resources(
         self, node_unprepare_resources_request: pb_v1beta1.NodeUnprepareResourcesRequest
