@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PROTO_OUT := agent/_protos
+PROTO_OUT := agent/kubelet/_protos
 
 .PHONY: all venv demo test lint typecheck unit protos bench clean
 
@@ -34,7 +34,7 @@ unit: $(STAMP)
 test: lint typecheck unit
 
 protos: $(STAMP)
-	$(BIN)/python -m agent.protogen
+	$(BIN)/python -m agent.kubelet.protogen
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 import anyio
 from anyio.abc import TaskGroup
 
-from agent.backend import Backend, BackendOptions, load_backend_factory
-from agent.clock import Clock, SystemClock
 from agent.config import AgentConfig
-from agent.errors import AgentError, ConfigError
-from agent.health import HealthTracker
-from agent.inventory import Inventory
-from agent.logs import log_fields
-from agent.metrics import Metrics
+from agent.core.backend import Backend, BackendOptions, load_backend_factory
+from agent.core.clock import Clock, SystemClock
+from agent.core.errors import AgentError, ConfigError
+from agent.core.inventory import Inventory
+from agent.core.logs import log_fields
+from agent.health.tracker import HealthTracker
+from agent.observe.metrics import Metrics
 
 log = logging.getLogger("agent.app")
 

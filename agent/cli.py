@@ -19,10 +19,10 @@ import yaml
 
 from agent import __version__
 from agent.config import OPTIONS, AgentConfig, build_config
-from agent.errors import AgentError, ConfigError
-from agent.logs import setup_logging
-from agent.model import Device
-from agent.slices import attribute_to_api
+from agent.core.errors import AgentError, ConfigError
+from agent.core.logs import setup_logging
+from agent.core.model import Device
+from agent.kube.slices import attribute_to_api
 
 COMMAND_GROUP = "dra_agent.commands"
 EXIT_USAGE = 2

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from agent.errors import ConfigError
-from agent.logs import LOG_FORMATS, LOG_LEVELS
-from agent.model import check_driver_name, is_dns_subdomain
+from agent.core.errors import ConfigError
+from agent.core.logs import LOG_FORMATS, LOG_LEVELS
+from agent.core.model import check_driver_name, is_dns_subdomain
+from agent.observe.httpserver import DEFAULT_METRICS_PORT
 
-DEFAULT_METRICS_PORT = 9478
 """Ours: clashes neither with dcgm-exporter (9400) nor with AMD's metrics exporter (5000)."""
 
 KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "none")

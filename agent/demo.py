@@ -30,20 +30,20 @@ import anyio
 import yaml
 from grpclib.client import Channel
 
-from agent._protos.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
-from agent._protos.pluginregistration import InfoRequest, RegistrationStatus, RegistrationStub
 from agent.app import Agent
-from agent.backend import Backend
-from agent.clock import SystemClock
 from agent.config import AgentConfig, BackendSpec
+from agent.core.backend import Backend
+from agent.core.clock import SystemClock
+from agent.core.errors import AgentError
 from agent.emulator import KubeApiEmulator
-from agent.errors import AgentError
-from agent.kubeclient import KubeClient
-from agent.metrics import Metrics
-from agent.plugin import socket_paths
-from agent.readiness import Readiness
+from agent.health.taints import TaintPolicy
+from agent.kube.client import KubeClient
+from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from agent.kubelet._protos.pluginregistration import InfoRequest, RegistrationStatus, RegistrationStub
+from agent.kubelet.plugin import socket_paths
+from agent.observe.metrics import Metrics
+from agent.observe.readiness import Readiness
 from agent.runner import AgentParts
-from agent.taints import TaintPolicy
 
 DEMO_NODE = "demo-node"
 DEMO_NAMESPACE = "default"
@@ -254,27 +254,22 @@ class _Walkthrough:
             p.line(f"{item['spec']['driver']}: pool {item['spec']['pool']['name']}, devices {names}")
 
     async def fault(self) -> None:
-        # The same request `dra-agent fake inject` sends over the fake backend's control socket.
-        from backends.fake.control import request
+        # Exactly what a user types: the fake backend's `dra-agent fake inject` command, found
+        # through the CLI's command entry points (it blocks on its own event loop, hence the thread).
+        from agent.cli import main as cli_main
 
         p, options, report, emu = self.p, self.options, self.report, self.emu
         control = self.config.backends[0].settings["control"]
         device, driver = options.fault_device, options.driver
-        p.step(
-            f"dra-agent fake inject --socket {control} --driver {driver} --device {device} "
-            f"--condition {options.condition} --value {options.value}"
-        )
+        argv = [
+            *("fake", "inject", "--socket", control, "--driver", driver, "--device", device),
+            *("--condition", options.condition, "--value", options.value),
+            *("--severity", "critical", "--kind", "event"),
+        ]
+        p.step(f"dra-agent {' '.join(argv)}")
         start = time.perf_counter()
-        fault = {
-            "op": "inject",
-            "device": device,
-            "driver": driver,
-            "condition": options.condition,
-            "value": options.value,
-            "severity": "critical",
-            "kind": "event",
-        }
-        await request(control, fault)
+        if await anyio.to_thread.run_sync(cli_main, argv) != 0:
+            raise DemoError(f"dra-agent {' '.join(argv)} failed")
         taints = await _until(
             f"a taint on {device}", lambda: _device_taints(emu, driver, device), options.step_timeout
         )

@@ -18,21 +18,21 @@ import anyio
 import yaml
 
 from agent.app import Agent, DriverRuntime, Part, create_backends, run_until_signal
-from agent.backend import Backend
-from agent.clock import Clock, SystemClock
+from agent.claims.state import DeviceState
 from agent.config import AgentConfig
-from agent.errors import KubeApiError
-from agent.events import EventRecorder
-from agent.httpserver import MetricsServer
-from agent.kubeclient import KubeClient
-from agent.metrics import Metrics
-from agent.plugin import KubeletPlugin
-from agent.publisher import SlicePublisher
-from agent.readiness import Readiness
-from agent.slices import build_pool
-from agent.state import DeviceState
-from agent.taints import ClusterTaintSupport, TaintPolicy
-from agent.telemetry import TelemetryPoller
+from agent.core.backend import Backend
+from agent.core.clock import Clock, SystemClock
+from agent.core.errors import KubeApiError
+from agent.health.taints import ClusterTaintSupport, TaintPolicy
+from agent.kube.client import KubeClient
+from agent.kube.events import EventRecorder
+from agent.kube.publisher import SlicePublisher
+from agent.kube.slices import build_pool
+from agent.kubelet.plugin import KubeletPlugin
+from agent.observe.httpserver import MetricsServer
+from agent.observe.metrics import Metrics
+from agent.observe.readiness import Readiness
+from agent.observe.telemetry import TelemetryPoller
 
 log = logging.getLogger("agent.runner")
 

@@ -1,1 +1,1 @@
-"""Vendor backends behind agent.backend.Backend."""
+"""Vendor backends behind agent.core.backend.Backend."""

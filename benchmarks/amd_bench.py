@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from agent.backend import BackendOptions, HealthEvent
-from agent.clock import FakeClock
+from agent.core.backend import BackendOptions, HealthEvent
 from backends.amd.backend import AmdBackend
 from backends.amd.health import HealthMonitor, HealthSettings
 from tests.fakes.fake_amdsmi import FakeAmdSmi, FakeGpu, mi250x, mi300x
+from tests.support.clock import FakeClock
 
 ROUNDS = 50
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import anyio
 from grpclib.client import Channel
 
-from agent._protos.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
-from agent._protos.pluginregistration import InfoRequest, RegistrationStub
-from agent.backend import BackendOptions
-from agent.inventory import Inventory
-from agent.plugin import KubeletPlugin
-from agent.state import DeviceState
+from agent.claims.state import DeviceState
+from agent.core.backend import BackendOptions
+from agent.core.inventory import Inventory
+from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
+from agent.kubelet._protos.pluginregistration import InfoRequest, RegistrationStub
+from agent.kubelet.plugin import KubeletPlugin
 from backends.fake import create_backend
 from benchmarks.prepare_bench import NODE, MemoryClaims, claim, ms
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from agent.backend import BackendOptions
+from agent.core.backend import BackendOptions
 from backends.nvidia import NvidiaBackend
 from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, a100_mig, h100
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import anyio
 
-from agent.backend import Backend, BackendOptions, ClaimRef
-from agent.errors import KubeApiError
-from agent.preparer import ClaimSource
-from agent.state import DeviceState
+from agent.claims.preparer import ClaimSource
+from agent.claims.state import DeviceState
+from agent.core.backend import Backend, BackendOptions, ClaimRef
+from agent.core.errors import KubeApiError
 from backends.fake import create_backend
 
 NODE = "bench-node"
@@ -140,7 +140,7 @@ async def measure(
 async def with_emulator(iterations: int, out: list[tuple[str, str]], state_parent: str) -> None:
     try:
         from agent.emulator import KubeApiEmulator
-        from agent.kubeclient import KubeClient
+        from agent.kube.client import KubeClient
     except ImportError as error:
         out.append(("emulator over HTTP", f"skipped ({error})"))
         return

@@ -14,16 +14,16 @@ from typing import Any
 
 import anyio
 
-from agent.backend import HealthEvent
-from agent.clock import SystemClock
+from agent.core.backend import HealthEvent
+from agent.core.clock import SystemClock
+from agent.core.inventory import Inventory
+from agent.core.model import Device, Severity
+from agent.core.quantity import Quantity
 from agent.emulator import KubeApiEmulator
-from agent.health import HealthTracker
-from agent.inventory import Inventory
-from agent.kubeclient import KubeClient
-from agent.model import Device, Severity
-from agent.publisher import SlicePublisher
-from agent.quantity import Quantity
-from agent.taints import TaintPolicy
+from agent.health.taints import TaintPolicy
+from agent.health.tracker import HealthTracker
+from agent.kube.client import KubeClient
+from agent.kube.publisher import SlicePublisher
 
 NODE = "bench-node"
 DRIVER = "gpu.example.com"

@@ -25,14 +25,14 @@ import aiohttp
 import anyio
 from prometheus_client import generate_latest
 
-from agent.backend import ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink
-from agent.clock import SystemClock
-from agent.httpserver import MetricsServer
-from agent.inventory import Inventory
-from agent.metrics import Metrics
-from agent.model import Device
-from agent.readiness import Readiness
-from agent.telemetry import TelemetryPoller
+from agent.core.backend import ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink
+from agent.core.clock import SystemClock
+from agent.core.inventory import Inventory
+from agent.core.model import Device
+from agent.observe.httpserver import MetricsServer
+from agent.observe.metrics import Metrics
+from agent.observe.readiness import Readiness
+from agent.observe.telemetry import TelemetryPoller
 
 DRIVER = "gpu.nvidia.com"
 NODE = "gpu-node-1"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.clock import FakeClock
+from tests.support.clock import FakeClock
 
 
 @pytest.fixture

@@ -21,15 +21,15 @@ import anyio
 import kubernetes_validate
 import pytest
 
-from agent.backend import Backend, BackendOptions
-from agent.clock import SystemClock
 from agent.config import AgentConfig
+from agent.core.backend import Backend, BackendOptions
+from agent.core.clock import SystemClock
 from agent.demo import DemoOptions, agent_running, demo_config, run_demo
 from agent.emulator import KubeApiEmulator
-from agent.plugin import socket_paths
+from agent.health.taints import ClusterTaintSupport
+from agent.kube.validation import check_device_entry, check_slice_spec
+from agent.kubelet.plugin import socket_paths
 from agent.runner import AgentParts
-from agent.taints import ClusterTaintSupport
-from agent.validation import check_device_entry, check_slice_spec
 from backends.amd.backend import AmdBackend
 from backends.nvidia import NvidiaBackend
 from tests.amd.conftest import make_sysfs

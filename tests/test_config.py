@@ -8,7 +8,7 @@ import pytest
 
 from agent.cli import main
 from agent.config import OPTIONS, AgentConfig, BackendSpec, build_config, parse_backend_spec
-from agent.errors import BackendError, ConfigError
+from agent.core.errors import BackendError, ConfigError
 
 
 def test_defaults() -> None:

@@ -6,13 +6,13 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from agent.backend import ConditionKind, HealthEvent
-from agent.clock import FakeClock
-from agent.health import HealthTracker
-from agent.inventory import Inventory
-from agent.metrics import Metrics
-from agent.model import Device, HealthStatus, Severity
-from agent.taints import ClusterTaintSupport, DeviceTaint, TaintPolicy
+from agent.core.backend import ConditionKind, HealthEvent
+from agent.core.inventory import Inventory
+from agent.core.model import Device, HealthStatus, Severity
+from agent.health.taints import ClusterTaintSupport, DeviceTaint, TaintPolicy
+from agent.health.tracker import HealthTracker
+from agent.observe.metrics import Metrics
+from tests.support.clock import FakeClock
 
 DRIVER = "gpu.example.com"
 
@@ -288,7 +288,7 @@ async def test_fake_fault_to_taint_and_back(fake_clock: FakeClock) -> None:
 async def test_ever_new_values_are_capped_per_device(
     fake_clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from agent.health import MAX_CONDITIONS_PER_DEVICE
+    from agent.health.tracker import MAX_CONDITIONS_PER_DEVICE
 
     inventory, tracker = make(fake_clock)
     await tracker.handle(lost("gpu-1"))
@@ -320,7 +320,7 @@ async def test_endless_flapping_neither_overflows_nor_floods_the_log(
     fake_clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     inventory, tracker = make(fake_clock, hold=1)
-    caplog.set_level("INFO", logger="agent.health")
+    caplog.set_level("INFO", logger="agent.health.tracker")
     for _ in range(2000):
         await tracker.handle(lost())
         await tracker.handle(lost(cleared=True))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.errors import DeviceModelError
-from agent.model import (
+from agent.core.errors import DeviceModelError
+from agent.core.model import (
     Device,
     DeviceHealth,
     HealthCondition,
@@ -14,7 +14,7 @@ from agent.model import (
     Version,
     check_qualified_name,
 )
-from agent.quantity import Quantity
+from agent.core.quantity import Quantity
 
 
 def capacities(n: int) -> dict[str, Quantity]:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.errors import QuantityError
-from agent.quantity import Quantity
+from agent.core.errors import QuantityError
+from agent.core.quantity import Quantity
 
 
 @pytest.mark.parametrize(

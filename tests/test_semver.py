@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.errors import VersionError
-from agent.semver import is_semver, normalize_version
+from agent.core.errors import VersionError
+from agent.core.semver import is_semver, normalize_version
 
 # The API server's semver check (semver.org's recommended expression).
 OFFICIAL = re.compile(

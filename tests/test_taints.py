@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.errors import ConfigError
-from agent.model import Device, DeviceHealth, HealthCondition, Severity
-from agent.taints import (
+from agent.core.errors import ConfigError
+from agent.core.model import Device, DeviceHealth, HealthCondition, Severity
+from agent.health.taints import (
     ClusterTaintSupport,
     DeviceTaint,
     TaintPolicy,

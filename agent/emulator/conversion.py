@@ -1,7 +1,7 @@
 """Conversion between the stored (v1) form and the served versions of resource.k8s.io.
 
 v1beta1 wraps device fields in ``basic`` and keeps request fields flat; v1beta2 and v1 are flat devices
-with requests nested under ``exactly`` (§6.2). Events convert between core/v1 and events.k8s.io/v1.
+with requests nested under ``exactly``. Events convert between core/v1 and events.k8s.io/v1.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Any
 RESOURCE_GROUP = "resource.k8s.io"
 EVENTS_GROUP = "events.k8s.io"
 
-#: Versions of resource.k8s.io served per release (§6.1), in preference order.
+#: Versions of resource.k8s.io served per release, in preference order.
 _DRA_VERSIONS: Mapping[str, tuple[str, ...]] = {
     "1.32": ("v1beta1",),
     "1.33": ("v1beta2", "v1beta1", "v1alpha3"),

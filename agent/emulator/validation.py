@@ -1,4 +1,5 @@
-"""The apiserver's validation rules, written independently of the agent's own model (§5.5).
+"""The apiserver's validation rules, written independently of the agent's own model
+(upstream `pkg/apis/resource/validation/validation.go`).
 
 Validation runs on the stored (v1) form, so field paths in errors use v1 paths; the apiserver
 normalises v1beta1 ``spec.devices[i].basic.`` paths the same way.
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from agent.core.quantity import Quantity
 from agent.emulator.errors import Cause
-from agent.quantity import Quantity
 
 JSON = dict[str, Any]
 
@@ -440,7 +441,7 @@ def _device(path: str, device: object, rules: Rules) -> list[Cause]:
 
 
 def resource_slice(obj: JSON, rules: Rules) -> list[Cause]:
-    """ResourceSlice rules of §5.5 (metadata checked separately)."""
+    """ResourceSlice rules of the apiserver's validation (metadata checked separately)."""
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return [required("spec")]

@@ -5,7 +5,7 @@ Settings (``--backend amd:key=value,...``): see `backends.amd.backend.SETTINGS`.
 
 from __future__ import annotations
 
-from agent.backend import Backend, BackendOptions
+from agent.core.backend import Backend, BackendOptions
 from backends.amd.backend import AmdBackend
 
 

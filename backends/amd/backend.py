@@ -9,11 +9,11 @@ from typing import Any
 
 import anyio
 
-from agent.backend import BackendOptions, ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink
-from agent.clock import Clock, SystemClock
-from agent.errors import BackendError, ConfigError, DeviceNotFoundError
-from agent.logs import log_fields
-from agent.model import Device
+from agent.core.backend import BackendOptions, ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink
+from agent.core.clock import Clock, SystemClock
+from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
+from agent.core.logs import log_fields
+from agent.core.model import Device
 from backends.amd.discovery import DEFAULT_DRIVER_NAME, Discovery, Sysfs, build_devices, read_processors
 from backends.amd.edits import StatFn, container_edits
 from backends.amd.health import HealthMonitor, HealthSettings

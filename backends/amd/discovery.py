@@ -22,11 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.errors import VersionError
-from agent.logs import log_fields
-from agent.model import AttributeValue, Device, Version
-from agent.quantity import Quantity
-from agent.semver import normalize_version
+from agent.core.errors import VersionError
+from agent.core.logs import log_fields
+from agent.core.model import AttributeValue, Device, Version
+from agent.core.quantity import Quantity
+from agent.core.semver import normalize_version
 from backends.amd.smi import LOST_STATUSES, describe, error_code, handle_key, log_degraded
 
 log = logging.getLogger("agent.backends.amd")

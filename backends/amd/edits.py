@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import anyio.to_thread
 
-from agent.backend import ContainerEdits, DeviceNode
-from agent.errors import BackendError
+from agent.core.backend import ContainerEdits, DeviceNode
+from agent.core.errors import BackendError
 
 KFD = "kfd"
 

@@ -30,10 +30,10 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from agent.backend import ConditionKind, HealthEvent, HealthSink
-from agent.clock import Clock
-from agent.logs import log_fields
-from agent.model import Severity
+from agent.core.backend import ConditionKind, HealthEvent, HealthSink
+from agent.core.clock import Clock
+from agent.core.logs import log_fields
+from agent.core.model import Severity
 from backends.amd.discovery import DeviceEntry
 from backends.amd.smi import (
     LOST_STATUSES,

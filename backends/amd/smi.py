@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from agent.errors import BackendError
-from agent.logs import log_fields
+from agent.core.errors import BackendError
+from agent.core.logs import log_fields
 
 log = logging.getLogger("agent.backends.amd")
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from agent.backend import DeviceTelemetry
+from agent.core.backend import DeviceTelemetry
 from backends.amd.discovery import MIB, DeviceEntry
 from backends.amd.smi import log_degraded
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 import re
 
-from agent.backend import Backend, BackendOptions
-from agent.clock import Clock, SystemClock
-from agent.errors import ConfigError
+from agent.core.backend import Backend, BackendOptions
+from agent.core.clock import Clock, SystemClock
+from agent.core.errors import ConfigError
 from backends.fake.backend import FakeBackend, FaultInjector, PrepareFaults, with_driver
 from backends.fake.profile import load_profile
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from agent.backend import (
+from agent.core.backend import (
     ClaimRef,
     ConditionKind,
     ContainerEdits,
@@ -42,10 +42,10 @@ from agent.backend import (
     HealthEvent,
     HealthSink,
 )
-from agent.clock import Clock, SystemClock
-from agent.errors import BackendError, DeviceNotFoundError
-from agent.logs import log_fields
-from agent.model import Device, Severity
+from agent.core.clock import Clock, SystemClock
+from agent.core.errors import BackendError, DeviceNotFoundError
+from agent.core.logs import log_fields
+from agent.core.model import Device, Severity
 
 log = logging.getLogger("agent.fake")
 

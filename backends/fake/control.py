@@ -26,9 +26,9 @@ import anyio
 from anyio.abc import SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from agent.clock import Clock
-from agent.errors import BackendError
-from agent.logs import log_fields
+from agent.core.clock import Clock
+from agent.core.errors import BackendError
+from agent.core.logs import log_fields
 from backends.fake.scenario import (
     FaultController,
     ScenarioError,

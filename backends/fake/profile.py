@@ -15,7 +15,7 @@ Format (every field other than ``name`` is optional; unknown fields are refused)
             attributes:             # typed, as in a ResourceSlice
               type: {string: gpu}
               cardIndex: {int: 1}
-              driverVersion: {version: 550.54.15}   # normalized with agent.semver
+              driverVersion: {version: 550.54.15}   # normalized with agent.core.semver
             capacity:
               memory: 80Gi
 
@@ -34,10 +34,10 @@ from typing import Any
 
 import yaml
 
-from agent.errors import BackendError, DeviceModelError, QuantityError, VersionError
-from agent.model import AttributeValue, Device, Version
-from agent.quantity import Quantity
-from agent.semver import normalize_version
+from agent.core.errors import BackendError, DeviceModelError, QuantityError, VersionError
+from agent.core.model import AttributeValue, Device, Version
+from agent.core.quantity import Quantity
+from agent.core.semver import normalize_version
 
 VENDORS = ("nvidia", "amd", "generic")
 _TOP_FIELDS = frozenset({"description", "drivers"})

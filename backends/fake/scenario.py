@@ -30,10 +30,10 @@ from typing import Any, Protocol
 import anyio
 import yaml
 
-from agent.backend import ConditionKind
-from agent.clock import Clock
-from agent.errors import BackendError
-from agent.model import Severity
+from agent.core.backend import ConditionKind
+from agent.core.clock import Clock
+from agent.core.errors import BackendError
+from agent.core.model import Severity
 
 ACTIONS = ("inject", "recover", "lose", "storm")
 _FIELDS: dict[str, frozenset[str]] = {

@@ -35,7 +35,7 @@ publishes an empty pool and logs that once.
 
 from __future__ import annotations
 
-from agent.backend import Backend, BackendOptions
+from agent.core.backend import Backend, BackendOptions
 from backends.nvidia.backend import NvidiaBackend
 
 __all__ = ["NvidiaBackend", "create_backend"]

@@ -1,4 +1,4 @@
-"""`NvidiaBackend`: the `agent.backend.Backend` for NVIDIA GPUs and MIG devices through NVML."""
+"""`NvidiaBackend`: the `agent.core.backend.Backend` for NVIDIA GPUs and MIG devices through NVML."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from agent.backend import BackendOptions, ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink, Mount
-from agent.clock import Clock, SystemClock
-from agent.errors import BackendError, ConfigError, DeviceNotFoundError
-from agent.logs import log_fields
-from agent.model import Device, check_driver_name
+from agent.core.backend import BackendOptions, ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink, Mount
+from agent.core.clock import Clock, SystemClock
+from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
+from agent.core.logs import log_fields
+from agent.core.model import Device, check_driver_name
 from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
 from backends.nvidia.edits import CDI_MODES, EditsConfig, container_edits, driver_mounts, resolve_dev_root
 from backends.nvidia.health import HealthMonitor, HealthState, XidPolicy

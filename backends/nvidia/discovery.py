@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.errors import AgentError
-from agent.logs import log_fields
-from agent.model import AttributeValue, Device, Version
-from agent.quantity import Quantity
-from agent.semver import normalize_version
+from agent.core.errors import AgentError
+from agent.core.logs import log_fields
+from agent.core.model import AttributeValue, Device, Version
+from agent.core.quantity import Quantity
+from agent.core.semver import normalize_version
 from backends.nvidia.nvml import Nvml, text
 
 log = logging.getLogger("agent.backends.nvidia")

@@ -17,9 +17,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.backend import ContainerEdits, DeviceNode, Mount
-from agent.errors import BackendError
-from agent.logs import log_fields
+from agent.core.backend import ContainerEdits, DeviceNode, Mount
+from agent.core.errors import BackendError
+from agent.core.logs import log_fields
 from backends.nvidia.discovery import NvDevice
 from backends.nvidia.nvml import find_library_dir
 

@@ -28,11 +28,11 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from agent.backend import ConditionKind, HealthEvent, HealthSink
-from agent.clock import Clock
-from agent.errors import ConfigError
-from agent.logs import log_fields
-from agent.model import Severity
+from agent.core.backend import ConditionKind, HealthEvent, HealthSink
+from agent.core.clock import Clock
+from agent.core.errors import ConfigError
+from agent.core.logs import log_fields
+from agent.core.model import Severity
 from backends.nvidia.discovery import INVALID_INSTANCE_ID, GpuInfo, NvDevice
 from backends.nvidia.nvml import Nvml, text
 

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent.backend import DeviceTelemetry
+from agent.core.backend import DeviceTelemetry
 from backends.nvidia.discovery import NvDevice
 from backends.nvidia.nvml import Nvml
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.backend import BackendOptions
-from agent.clock import FakeClock
+from agent.core.backend import BackendOptions
 from backends.amd.backend import AmdBackend
 from backends.amd.edits import StatFn
 from tests.fakes.fake_amdsmi import FakeAmdSmi, FakeGpu
+from tests.support.clock import FakeClock
 
 MakeBackend = Callable[..., tuple[AmdBackend, FakeAmdSmi]]
 

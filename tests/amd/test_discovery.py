@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.model import Device, Version
-from agent.quantity import Quantity
+from agent.core.model import Device, Version
+from agent.core.quantity import Quantity
 from backends.amd.discovery import PCI_BUS_ID, PCIE_ROOT, ProcessorInfo, Sysfs, build_devices
 from tests.amd.conftest import MakeBackend, make_sysfs
 from tests.fakes.fake_amdsmi import AMDSMI_STATUS_NOT_FOUND, mi210, mi250x, mi300x

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.backend import ClaimRef, DeviceNode
-from agent.errors import BackendError
+from agent.core.backend import ClaimRef, DeviceNode
+from agent.core.errors import BackendError
 from backends.amd.edits import read_edits
 from tests.amd.conftest import MakeBackend
 from tests.fakes.fake_amdsmi import mi210, mi300x

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from agent.backend import BackendOptions, ClaimRef
-from agent.errors import BackendError, ConfigError, DeviceNotFoundError
+from agent.core.backend import BackendOptions, ClaimRef
+from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from backends.amd import create_backend
 from backends.amd.backend import AmdBackend
 from backends.amd.smi import check_module, describe, error_code, import_amdsmi

@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 import anyio
 import pytest
 
-from agent.backend import ConditionKind, HealthEvent
-from agent.clock import FakeClock
-from agent.health import HealthTracker
-from agent.inventory import Inventory
-from agent.model import HealthStatus, Severity
+from agent.core.backend import ConditionKind, HealthEvent
+from agent.core.inventory import Inventory
+from agent.core.model import HealthStatus, Severity
+from agent.health.tracker import HealthTracker
 from backends.amd.backend import AmdBackend
 from backends.amd.health import RasReading, close_readers, open_readers, read_ras
 from tests.amd.conftest import MakeBackend
@@ -31,6 +30,7 @@ from tests.fakes.fake_amdsmi import (
     mi210,
     mi300x,
 )
+from tests.support.clock import FakeClock
 
 SETTINGS = {"sysfs-root": "/dev/null", "poll-interval": "10", "event-timeout-ms": "20"}
 

@@ -9,23 +9,23 @@ from collections.abc import Sequence
 import anyio
 import pytest
 
-from agent.backend import (
+from agent.cli import main
+from agent.config import AgentConfig, BackendSpec
+from agent.core.backend import (
     BackendOptions,
     ClaimRef,
     ContainerEdits,
     DeviceTelemetry,
     HealthSink,
 )
-from agent.cli import main
-from agent.clock import FakeClock
-from agent.config import AgentConfig, BackendSpec
-from agent.health import HealthTracker
-from agent.inventory import Inventory
-from agent.model import Device
-from agent.slices import build_pool
-from agent.taints import ClusterTaintSupport, TaintPolicy
+from agent.core.inventory import Inventory
+from agent.core.model import Device
+from agent.health.taints import ClusterTaintSupport, TaintPolicy
+from agent.health.tracker import HealthTracker
+from agent.kube.slices import build_pool
 from tests.amd.conftest import MakeBackend
 from tests.fakes.fake_amdsmi import AMDSMI_STATUS_DRIVER_NOT_LOADED, FakeAmdSmi, mi300x
+from tests.support.clock import FakeClock
 from tests.support.k8s_cel import match_attribute, matches
 
 SEED_SELECTOR = (
@@ -105,7 +105,7 @@ async def test_mixed_node_publishes_both_drivers_and_amd_fault_taints_amd_only(
     monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock
 ) -> None:
     import agent.app
-    from agent.backend import load_backend_factory
+    from agent.core.backend import load_backend_factory
 
     fake = FakeAmdSmi(mi300x("cpx_nps4", count=1))
     monkeypatch.setitem(sys.modules, "amdsmi", fake)
@@ -193,7 +193,7 @@ def test_cli_devices_driver_not_loaded(
 
 
 def test_entry_point_creates_one_backend() -> None:
-    from agent.backend import load_backend_factory
+    from agent.core.backend import load_backend_factory
 
     (backend,) = load_backend_factory("amd")(BackendOptions("node-1", "gpu.amd.example.com"))
     assert backend.driver_name == "gpu.amd.example.com"

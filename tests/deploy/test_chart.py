@@ -12,8 +12,9 @@ import kubernetes_validate
 import pytest
 from celpy.adapter import json_to_cel
 
-from agent.config import DEFAULT_METRICS_PORT, OPTIONS, build_config
-from agent.model import Device
+from agent.config import OPTIONS, build_config
+from agent.core.model import Device
+from agent.observe.httpserver import DEFAULT_METRICS_PORT
 from backends.amd.backend import SETTINGS as AMD_SETTINGS
 from backends.nvidia.backend import SETTINGS as NVIDIA_SETTINGS
 from tests.deploy.chart import CHART, CI_VALUES, KUBE_VERSION, NAMESPACE, load_values, render_objects

@@ -1,4 +1,4 @@
-"""422 Invalid for each apiserver rule the emulator enforces (§5.5), shaped as the apiserver does."""
+"""422 Invalid for each apiserver rule the emulator enforces, shaped as the apiserver does."""
 
 from __future__ import annotations
 

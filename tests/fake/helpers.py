@@ -12,8 +12,8 @@ from pathlib import Path
 
 import anyio.lowlevel
 
-from agent.backend import BackendOptions, HealthEvent
-from agent.clock import Clock
+from agent.core.backend import BackendOptions, HealthEvent
+from agent.core.clock import Clock
 from backends.fake import create_backend
 from backends.fake.backend import FakeBackend, FaultInjector
 

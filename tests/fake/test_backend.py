@@ -7,12 +7,12 @@ import pytest
 from anyio import wait_all_tasks_blocked
 
 import backends.fake.backend as fake_backend_module
-from agent.backend import Backend, ClaimRef, ConditionKind, HealthEvent
-from agent.clock import FakeClock
-from agent.errors import BackendError, DeviceNotFoundError
-from agent.model import Severity
+from agent.core.backend import Backend, ClaimRef, ConditionKind, HealthEvent
+from agent.core.errors import BackendError, DeviceNotFoundError
+from agent.core.model import Severity
 from backends.fake.backend import MAX_QUEUED_EVENTS, FaultError, condition_defaults
 from tests.fake.helpers import Collector, make_backends
+from tests.support.clock import FakeClock
 
 CLAIM = ClaimRef("default", "claim-a", "uid-a")
 

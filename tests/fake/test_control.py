@@ -287,7 +287,7 @@ class BrokenTarget:
 
 
 async def test_a_bug_in_a_handler_is_answered_and_the_server_goes_on() -> None:
-    from agent.clock import SystemClock
+    from agent.core.clock import SystemClock
     from backends.fake.control import serve_control
 
     path = short_socket_path()

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.backend import BackendOptions
-from agent.errors import ConfigError
-from agent.model import Device, Version
-from agent.quantity import Quantity
-from agent.semver import is_semver
+from agent.core.backend import BackendOptions
+from agent.core.errors import ConfigError
+from agent.core.model import Device, Version
+from agent.core.quantity import Quantity
+from agent.core.semver import is_semver
 from backends.fake import create_backend
 from backends.fake.backend import FakeBackend
 from backends.fake.profile import ProfileError, load_profile, parse_profile, shipped_profiles

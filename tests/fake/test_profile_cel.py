@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.model import Device
+from agent.core.model import Device
 from backends.fake.profile import load_profile
 from tests.support.k8s_cel import match_attribute, matches
 

@@ -7,9 +7,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agent.backend import ConditionKind
-from agent.clock import FakeClock
-from agent.model import Severity
+from agent.core.backend import ConditionKind
+from agent.core.model import Severity
 from backends.fake.scenario import (
     FaultController,
     Scenario,
@@ -21,6 +20,7 @@ from backends.fake.scenario import (
     scenario_to_data,
 )
 from tests.fake.helpers import make_backends, settle
+from tests.support.clock import FakeClock
 
 SHIPPED = Path(__file__).resolve().parents[2] / "backends" / "fake" / "scenarios"
 

@@ -10,16 +10,17 @@ from typing import Any
 
 import anyio
 
-from agent.clock import Clock, FakeClock, SystemClock
+from agent.core.clock import Clock, SystemClock
+from agent.core.inventory import Inventory
+from agent.core.model import Device
+from agent.core.quantity import Quantity
 from agent.emulator import KubeApiEmulator
-from agent.events import EventRecorder
-from agent.inventory import Inventory
-from agent.kubeclient import KubeClient
-from agent.metrics import Metrics
-from agent.model import Device
-from agent.publisher import SlicePublisher, TaintMapper
-from agent.quantity import Quantity
-from agent.taints import TaintPolicy
+from agent.health.taints import TaintPolicy
+from agent.kube.client import KubeClient
+from agent.kube.events import EventRecorder
+from agent.kube.publisher import SlicePublisher, TaintMapper
+from agent.observe.metrics import Metrics
+from tests.support.clock import FakeClock
 
 NODE = "node-1"
 DRIVER = "gpu.example.com"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agent.clock import FakeClock
-from agent.errors import KubeApiError
-from agent.events import WARNING, EventRecorder
-from agent.metrics import Metrics
+from agent.core.errors import KubeApiError
+from agent.kube.events import WARNING, EventRecorder
+from agent.observe.metrics import Metrics
+from tests.support.clock import FakeClock
 
 
 class FakeKube:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from agent.core.errors import KubeApiError
 from agent.emulator import KubeApiEmulator
-from agent.errors import KubeApiError
-from agent.kubeclient import KubeClient
+from agent.kube.client import KubeClient
 from tests.kube.harness import DRIVER, NODE
 
 CLAIM: dict[str, Any] = {

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.kubeclient import ServerInfo, claim_to_v1
-from agent.model import is_dns_subdomain
-from agent.taintrules import desired_rules, rule_name
-from agent.taints import DeviceTaint
+from agent.core.model import is_dns_subdomain
+from agent.health.taints import DeviceTaint
+from agent.kube.client import ServerInfo, claim_to_v1
+from agent.kube.taintrules import desired_rules, rule_name
 
 
 def test_v1beta1_claim_requests_move_under_exactly() -> None:

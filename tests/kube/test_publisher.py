@@ -9,12 +9,12 @@ from collections.abc import Sequence
 import anyio
 import pytest
 
-from agent.backend import ConditionKind, HealthEvent
-from agent.clock import FakeClock
-from agent.health import HealthTracker
-from agent.model import Device, Severity
-from agent.taints import ClusterTaintSupport, DeviceTaint, TaintPolicy
+from agent.core.backend import ConditionKind, HealthEvent
+from agent.core.model import Device, Severity
+from agent.health.taints import ClusterTaintSupport, DeviceTaint, TaintPolicy
+from agent.health.tracker import HealthTracker
 from tests.kube.harness import DRIVER, NODE, eventually, harness, make_devices
+from tests.support.clock import FakeClock
 
 XID = HealthEvent("gpu-1", "xid", Severity.CRITICAL, value="79", message="fell off the bus")
 
@@ -151,7 +151,7 @@ async def test_xid_storm_is_coalesced() -> None:
 
 async def test_outage_of_a_minute_is_logged_once_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()
-    caplog.set_level(logging.INFO, logger="agent.publisher")
+    caplog.set_level(logging.INFO, logger="agent.kube.publisher")
     async with harness(clock=clock, backoff_initial=0.5, backoff_max=10.0) as h:
         tracker = HealthTracker(h.inventory, clock, hold_seconds=600)
         await h.settle(lambda: len(h.devices()) == 4)
@@ -164,7 +164,7 @@ async def test_outage_of_a_minute_is_logged_once_and_recovers(caplog: pytest.Log
         h.emu.faults.outage(False)
         await h.settle(lambda: bool(h.taints("gpu-1")), within=10)
         await h.settle(lambda: any("published again" in r.message for r in caplog.records))
-        messages = [r.message for r in caplog.records if r.name == "agent.publisher"]
+        messages = [r.message for r in caplog.records if r.name == "agent.kube.publisher"]
         assert sum("cannot publish" in m for m in messages) == 1, messages
         assert sum("published again" in m for m in messages) == 1, messages
 
@@ -204,7 +204,7 @@ async def test_dropped_watches_and_compaction() -> None:
 
 
 async def test_node_that_appears_late(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="agent.publisher")
+    caplog.set_level(logging.WARNING, logger="agent.kube.publisher")
     async with harness(add_node=False) as h:
         await anyio.sleep(0.3)
         assert h.slices() == []
@@ -236,7 +236,7 @@ async def test_v1beta1_cluster_publishes_and_reports_untaintable_devices() -> No
 
 
 async def test_dropped_taints_fall_back_to_device_taint_rules(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="agent.publisher")
+    caplog.set_level(logging.WARNING, logger="agent.kube.publisher")
     clock = FakeClock()
     async with harness(version="1.34", resync_seconds=0.3) as h:
         await h.settle(lambda: len(h.devices()) == 4)
@@ -325,7 +325,7 @@ class BrokenOnce:
 async def test_unexpected_errors_and_refusals_never_end_the_publisher(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="agent.publisher")
+    caplog.set_level(logging.ERROR, logger="agent.kube.publisher")
     policy = BrokenOnce()
     async with harness(policy=policy, start=False) as h:
         h.emu.faults.fail_next(3, status=403, verbs={"create"}, resource="resourceslices")

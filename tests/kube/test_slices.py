@@ -1,10 +1,11 @@
-"""Pure helpers of agent.slices used by the publisher."""
+"""Pure helpers of agent.kube.slices used by the publisher."""
 
 from __future__ import annotations
 
-from agent.model import Device
-from agent.quantity import Quantity
-from agent.slices import (
+from agent.core.model import Device
+from agent.core.quantity import Quantity
+from agent.health.taints import DeviceTaint
+from agent.kube.slices import (
     build_pool,
     chunk_names,
     device_names,
@@ -13,7 +14,6 @@ from agent.slices import (
     natural_sorted,
     semantic_device,
 )
-from agent.taints import DeviceTaint
 
 
 def test_natural_order() -> None:

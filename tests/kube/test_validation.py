@@ -1,4 +1,4 @@
-"""Pre-publish validation of device entries and slices (§5.5)."""
+"""Pre-publish validation of device entries and slices against the apiserver's rules."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from agent.taints import ClusterTaintSupport
-from agent.validation import check_device_entry, check_slice_spec, partition_entries
+from agent.health.taints import ClusterTaintSupport
+from agent.kube.validation import check_device_entry, check_slice_spec, partition_entries
 
 OLD = ClusterTaintSupport(max_taints_per_device=4, none_effect=False)
 NEW = ClusterTaintSupport(max_taints_per_device=16, none_effect=True)

@@ -35,8 +35,8 @@ class CrashAt:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from agent.backend import ClaimRef
-    from agent.state import DeviceState
+    from agent.claims.state import DeviceState
+    from agent.core.backend import ClaimRef
     from tests.kubelet.fakes import DRIVER, NODE, FakeClaimSource, FileBackend
 
     root = Path(args.root)

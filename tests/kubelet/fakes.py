@@ -10,9 +10,9 @@ from typing import Any
 
 import anyio
 
-from agent.backend import ClaimRef, ContainerEdits, DeviceNode, DeviceTelemetry, HealthSink
-from agent.errors import BackendError, DeviceNotFoundError, KubeApiError
-from agent.model import Device
+from agent.core.backend import ClaimRef, ContainerEdits, DeviceNode, DeviceTelemetry, HealthSink
+from agent.core.errors import BackendError, DeviceNotFoundError, KubeApiError
+from agent.core.model import Device
 
 DRIVER = "gpu.example.com"
 NODE = "node-a"
@@ -71,7 +71,7 @@ class FakeClaimSource:
         self.claims.pop((namespace, name), None)
 
     async def get_resource_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
-        """As `agent.kubeclient.KubeClient.get_resource_claim`."""
+        """As `agent.kube.client.KubeClient.get_resource_claim`."""
         self.gets += 1
         if self.delay:
             await anyio.sleep(self.delay)

@@ -24,11 +24,11 @@ import anyio
 import grpc
 from grpc_tools import protoc
 
-from agent.backend import ClaimRef
-from agent.inventory import Inventory
-from agent.plugin import KubeletPlugin
-from agent.preparer import PrepareResult
-from agent.protogen import PROTO_FILES, PROTO_ROOT
+from agent.claims.preparer import PrepareResult
+from agent.core.backend import ClaimRef
+from agent.core.inventory import Inventory
+from agent.kubelet.plugin import KubeletPlugin
+from agent.kubelet.protogen import PROTO_FILES, PROTO_ROOT
 
 V1 = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/"
 V1BETA1 = "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/"

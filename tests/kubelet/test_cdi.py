@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-import agent.atomicfile
-from agent.backend import ContainerEdits, DeviceNode, Mount
-from agent.cdi import (
+import agent.claims.atomicfile
+from agent.claims.cdi import (
     EMPTY_EDITS_ENV,
     CdiDevice,
     CdiSpecWriter,
@@ -24,6 +23,7 @@ from agent.cdi import (
     render_spec,
     spec_file_name,
 )
+from agent.core.backend import ContainerEdits, DeviceNode, Mount
 
 DRIVER = "gpu.example.com"
 UID = "0b7c6a2e-1111-4222-8333-444455556666"
@@ -146,7 +146,7 @@ def test_failed_write_keeps_old_spec_and_leaves_no_temp(
     def full(fd: int, data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(agent.atomicfile, "_write_all", full)
+    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", full)
     with pytest.raises(OSError, match="No space"):
         writer.write_claim_spec(UID, [CdiDevice("a", ContainerEdits(env={"A": "new"}))])
     assert writer.spec_path(UID).read_bytes() == before

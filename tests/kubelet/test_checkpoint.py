@@ -10,8 +10,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-import agent.atomicfile
-from agent.checkpoint import (
+import agent.claims.atomicfile
+from agent.claims.checkpoint import (
     CheckpointCorruptError,
     CheckpointData,
     CheckpointDevice,
@@ -160,7 +160,7 @@ async def test_disk_full_keeps_previous_file_and_reverts_memory(
     def full(fd: int, data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(agent.atomicfile, "_write_all", full)
+    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", full)
     other = ClaimEntry("u2", "ns", "c2", ClaimPhase.STARTED)
     with pytest.raises(CheckpointWriteError, match="No space left on device"):
         await store.put(other)
@@ -175,14 +175,14 @@ async def test_disk_full_keeps_previous_file_and_reverts_memory(
 
 async def test_concurrent_changes_share_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     writes = 0
-    real = agent.atomicfile.write_atomic
+    real = agent.claims.atomicfile.write_atomic
 
     def counting(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
         nonlocal writes
         writes += 1
         real(path, data, mode=mode, durable=durable)
 
-    monkeypatch.setattr("agent.checkpoint.write_atomic", counting)
+    monkeypatch.setattr("agent.claims.checkpoint.write_atomic", counting)
     store = CheckpointStore(tmp_path / "checkpoint.json", "boot-1")
     async with anyio.create_task_group() as tg:
         for i in range(50):

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from agent.backend import ClaimRef
-from agent.checkpoint import ClaimPhase, decode
-from agent.state import DeviceState, Step
+from agent.claims.checkpoint import ClaimPhase, decode
+from agent.claims.state import DeviceState, Step
+from agent.core.backend import ClaimRef
 from tests.kubelet.fakes import DRIVER, NODE, FakeClaimSource, FileBackend, make_claim, ref_of
 
 HARNESS = Path(__file__).with_name("crash_harness.py")

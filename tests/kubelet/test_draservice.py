@@ -14,19 +14,19 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from prometheus_client import CollectorRegistry
 
-from agent._protos.k8s.io.kubelet.pkg.apis.dra import v1 as pb_v1
-from agent._protos.k8s.io.kubelet.pkg.apis.dra import v1beta1 as pb_v1beta1
-from agent.backend import ClaimRef
-from agent.draservice import (
+from agent.claims.preparer import PreparedDevice, PrepareResult
+from agent.core.backend import ClaimRef
+from agent.core.errors import ClaimRequestError
+from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1 as pb_v1
+from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1beta1 as pb_v1beta1
+from agent.kubelet.draservice import (
     MAX_CLAIMS_PER_REQUEST,
     NO_RESULT,
     DRAService,
     base_request_names,
     validate_claims,
 )
-from agent.errors import ClaimRequestError
-from agent.metrics import Metrics
-from agent.preparer import PreparedDevice, PrepareResult
+from agent.observe.metrics import Metrics
 from tests.kubelet.grpc_support import (
     DRIVER,
     V1,

@@ -12,13 +12,13 @@ import pytest
 from grpclib.client import Channel
 from prometheus_client import CollectorRegistry
 
-from agent._protos import v1alpha1 as pb
-from agent.clock import FakeClock
-from agent.healthservice import WATCH_PATH, HealthService, truncate_message
-from agent.inventory import Inventory
-from agent.metrics import Metrics
-from agent.model import Device, DeviceHealth, HealthCondition, Severity
+from agent.core.inventory import Inventory
+from agent.core.model import Device, DeviceHealth, HealthCondition, Severity
+from agent.kubelet._protos import v1alpha1 as pb
+from agent.kubelet.healthservice import WATCH_PATH, HealthService, truncate_message
+from agent.observe.metrics import Metrics
 from tests.kubelet.grpc_support import DRIVER, WATCH, grpcio_protos, make_plugin, serving, short_tmp_dir
+from tests.support.clock import FakeClock
 
 XID = DeviceHealth((HealthCondition("xid", Severity.CRITICAL, value="79", message="fell off the bus"),))
 UNMONITORED = DeviceHealth((HealthCondition("unmonitored", Severity.WARNING),))

@@ -14,11 +14,11 @@ import pytest
 from grpclib.client import Channel
 from grpclib.server import Server
 
-from agent._protos import v1alpha1 as pb_health
-from agent.inventory import Inventory
-from agent.model import Device
-from agent.plugin import UNSERVED_METHODS, KubeletPlugin, SocketError, socket_paths
-from agent.preparer import PreparedDevice, PrepareResult
+from agent.claims.preparer import PreparedDevice, PrepareResult
+from agent.core.inventory import Inventory
+from agent.core.model import Device
+from agent.kubelet._protos import v1alpha1 as pb_health
+from agent.kubelet.plugin import UNSERVED_METHODS, KubeletPlugin, SocketError, socket_paths
 from tests.kubelet.grpc_support import (
     DRIVER,
     GET_INFO,

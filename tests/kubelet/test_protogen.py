@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import protogen
-from agent._protos.k8s.io.kubelet.pkg.apis.dra import v1, v1beta1
+from agent.kubelet import protogen
+from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1, v1beta1
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def reuse_fresh(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_committed_code_is_up_to_date(fresh: Path) -> None:
     diff = protogen.compare(protogen.OUTPUT_DIR, fresh)
-    assert not diff, f"run 'make protos' and commit agent/_protos: {diff.describe()}"
+    assert not diff, f"run 'make protos' and commit agent/kubelet/_protos: {diff.describe()}"
 
 
 @pytest.mark.usefixtures("reuse_fresh")

@@ -13,9 +13,9 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from prometheus_client import CollectorRegistry
 
-from agent._protos import pluginregistration as pb
-from agent.metrics import Metrics
-from agent.registration import SUPPORTED_SERVICES, RegistrationService
+from agent.kubelet._protos import pluginregistration as pb
+from agent.kubelet.registration import SUPPORTED_SERVICES, RegistrationService
+from agent.observe.metrics import Metrics
 from tests.kubelet.grpc_support import (
     DRIVER,
     GET_INFO,
@@ -104,7 +104,7 @@ async def test_notify_refused_is_visible(root: Path, caplog: pytest.LogCaptureFi
             protos.registration.RegistrationStatusResponse,
         )
         with (
-            caplog.at_level(logging.ERROR, logger="agent.registration"),
+            caplog.at_level(logging.ERROR, logger="agent.kubelet.registration"),
             pytest.raises(grpc.aio.AioRpcError) as err,
         ):
             await grpcio_unary(

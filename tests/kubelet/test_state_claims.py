@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from agent.backend import ClaimRef
-from agent.claims import (
+from agent.claims.reader import (
     AllocatedDevice,
     ClaimAllocationError,
     base_request_name,
     check_claim,
     parse_allocation,
 )
-from agent.errors import ClaimRequestError
+from agent.core.backend import ClaimRef
+from agent.core.errors import ClaimRequestError
 from tests.kubelet.fakes import DRIVER, NODE, make_claim
 
 REF = ClaimRef("default", "claim-u1", "u1")

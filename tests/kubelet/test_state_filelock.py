@@ -9,8 +9,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agent.atomicfile import remove_durably, write_atomic
-from agent.filelock import FileLock, FileLockError
+from agent.claims.atomicfile import remove_durably, write_atomic
+from agent.claims.filelock import FileLock, FileLockError
 
 
 async def test_lock_excludes_other_holders_and_tasks(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ async def test_flock_failure_is_a_clear_error(tmp_path: Path, monkeypatch: pytes
     def broken(fd: int, op: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr("agent.filelock.fcntl.flock", broken)
+    monkeypatch.setattr("agent.claims.filelock.fcntl.flock", broken)
     with pytest.raises(FileLockError, match="No locks available"):
         await lock.acquire()
 

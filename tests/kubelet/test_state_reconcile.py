@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from agent.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry, ClaimPhase, decode, encode
-from agent.metrics import Metrics
-from agent.state import DeviceState
+from agent.claims.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry, ClaimPhase, decode, encode
+from agent.claims.state import DeviceState
+from agent.observe.metrics import Metrics
 from tests.kubelet.fakes import DRIVER, NODE, FakeBackend, FakeClaimSource, FakeEvents, make_claim, ref_of
 
 U1 = "0b7c6a2e-1111-4222-8333-444455556666"
@@ -221,12 +221,12 @@ async def test_checkpoint_write_failure_at_start_is_logged(
 ) -> None:
     import errno
 
-    import agent.atomicfile
+    import agent.claims.atomicfile
 
     def full(fd: int, data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(agent.atomicfile, "_write_all", full)
+    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", full)
     state = build(tmp_path, FakeClaimSource(), FakeBackend())
     await state.start()  # does not raise
     assert not (tmp_path / "state" / "checkpoint.json").exists()
@@ -234,7 +234,7 @@ async def test_checkpoint_write_failure_at_start_is_logged(
 
 async def test_with_the_fake_backend_package(tmp_path: Path) -> None:
     """Prepare, reboot and unprepare with `backends.fake` (the profile's first device)."""
-    from agent.backend import BackendOptions
+    from agent.core.backend import BackendOptions
     from backends.fake import create_backend
 
     backend: Any = create_backend(

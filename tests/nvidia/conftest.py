@@ -10,10 +10,10 @@ from typing import Any
 import anyio
 import pytest
 
-from agent.backend import BackendOptions, HealthEvent
-from agent.clock import FakeClock
+from agent.core.backend import BackendOptions, HealthEvent
 from backends.nvidia import NvidiaBackend
 from tests.fakes.fake_pynvml import FakeNvml, a100_full_mig, a100_mig, h100, l4
+from tests.support.clock import FakeClock
 
 # Bus IDs of the fixture GPUs and their PCIe roots: the two A100s share one root, H100 and L4 another.
 PCIE_ROOTS = {

@@ -9,14 +9,14 @@ from pathlib import Path
 import pynvml as real
 import pytest
 
-from agent.backend import Backend, BackendOptions
 from agent.cli import main
-from agent.clock import FakeClock
-from agent.errors import BackendError, ConfigError
+from agent.core.backend import Backend, BackendOptions
+from agent.core.errors import BackendError, ConfigError
 from backends.nvidia import NvidiaBackend, create_backend
 from backends.nvidia.nvml import Nvml, find_library_dir, load_pynvml
 from tests.fakes.fake_pynvml import MIB, FakeNvml, a100_mig, h100, install, l4
 from tests.nvidia.conftest import BackendFactory
+from tests.support.clock import FakeClock
 
 
 def test_entry_point_creates_one_backend() -> None:

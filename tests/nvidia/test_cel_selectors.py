@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.model import Device, Version
-from agent.quantity import Quantity
-from agent.slices import device_to_api
+from agent.core.model import Device, Version
+from agent.core.quantity import Quantity
+from agent.kube.slices import device_to_api
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.nvidia.conftest import BackendFactory
 from tests.support.k8s_cel import CelError, match_attribute, matches

@@ -8,9 +8,9 @@ from pathlib import Path
 import pynvml as real
 import pytest
 
-from agent.model import Device, Version
-from agent.quantity import Quantity
-from agent.slices import device_to_api
+from agent.core.model import Device, Version
+from agent.core.quantity import Quantity
+from agent.kube.slices import device_to_api
 from backends.nvidia.discovery import mig_device_name, mig_profile_name, normalize_bus_id, pcie_root
 from tests.fakes.fake_pynvml import MIB, FakeMig, FakeNvml, a100_mig, h100, l4
 from tests.nvidia.conftest import BackendFactory, build_sysfs

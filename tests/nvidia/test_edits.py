@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.backend import ClaimRef, ContainerEdits, DeviceNode, Mount
-from agent.errors import BackendError, DeviceNotFoundError
+from agent.core.backend import ClaimRef, ContainerEdits, DeviceNode, Mount
+from agent.core.errors import BackendError, DeviceNotFoundError
 from backends.nvidia.edits import _device_node, driver_mounts, mig_capability_minors, resolve_dev_root
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.nvidia.conftest import BackendFactory

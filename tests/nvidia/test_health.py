@@ -9,12 +9,11 @@ import anyio
 import pynvml as real
 import pytest
 
-from agent.backend import ConditionKind, HealthEvent
-from agent.clock import FakeClock
-from agent.errors import ConfigError
-from agent.health import HealthTracker
-from agent.inventory import Inventory
-from agent.model import HealthStatus, Severity
+from agent.core.backend import ConditionKind, HealthEvent
+from agent.core.errors import ConfigError
+from agent.core.inventory import Inventory
+from agent.core.model import HealthStatus, Severity
+from agent.health.tracker import HealthTracker
 from backends.nvidia.backend import NvidiaBackend
 from backends.nvidia.health import XidPolicy, parse_xids
 from tests.fakes.fake_pynvml import (
@@ -28,6 +27,7 @@ from tests.fakes.fake_pynvml import (
     l4,
 )
 from tests.nvidia.conftest import BackendFactory, Sink, until
+from tests.support.clock import FakeClock
 
 A100 = "GPU-a1000000-0000-0000-0000-000000000000"
 H100 = "GPU-h1000002-0000-0000-0000-000000000000"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.backend import ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink
-from agent.model import Device
+from agent.core.backend import ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink
+from agent.core.model import Device
 
 DRIVER = "gpu.example.com"
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from agent.metrics import Metrics
+from agent.observe.metrics import Metrics
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 DASHBOARDS = sorted(GRAFANA.glob("*.json"))

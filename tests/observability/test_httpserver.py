@@ -12,11 +12,12 @@ import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from agent.clock import FakeClock, SystemClock
-from agent.errors import ConfigError
-from agent.httpserver import LoopHeartbeat, MetricsServer, parse_address
-from agent.metrics import Metrics
-from agent.readiness import Readiness
+from agent.core.clock import SystemClock
+from agent.core.errors import ConfigError
+from agent.observe.httpserver import LoopHeartbeat, MetricsServer, parse_address
+from agent.observe.metrics import Metrics
+from agent.observe.readiness import Readiness
+from tests.support.clock import FakeClock
 
 
 async def get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, str, str]:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import aiohttp
 import anyio
 
-from agent.backend import DeviceTelemetry
-from agent.clock import FakeClock
-from agent.httpserver import MetricsServer
-from agent.inventory import Inventory
-from agent.metrics import Metrics
-from agent.readiness import Readiness
-from agent.telemetry import TelemetryPoller
+from agent.core.backend import DeviceTelemetry
+from agent.core.inventory import Inventory
+from agent.observe.httpserver import MetricsServer
+from agent.observe.metrics import Metrics
+from agent.observe.readiness import Readiness
+from agent.observe.telemetry import TelemetryPoller
 from tests.observability.fakes import DRIVER, TelemetryBackend, make_devices
+from tests.support.clock import FakeClock
 
 
 async def test_scrape_shows_polled_telemetry_and_readiness_follows_the_checks() -> None:

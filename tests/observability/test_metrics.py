@@ -6,7 +6,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.metrics import CLAIM_OPERATIONS, HEALTH_LABELS, Metrics
+from agent.observe.metrics import CLAIM_OPERATIONS, HEALTH_LABELS, Metrics
 
 NAME = re.compile(r"^dra_agent_[a-z0-9_]+$")
 UNIT_SUFFIXES = ("_seconds", "_bytes", "_celsius", "_watts", "_ratio", "_total", "_info")

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from agent.readiness import NOT_REPORTED, Readiness
+from agent.observe.readiness import NOT_REPORTED, Readiness
 
 
 def test_empty_is_ready() -> None:

@@ -5,19 +5,19 @@ from collections.abc import Sequence
 
 import anyio
 
-from agent.backend import DeviceTelemetry, HealthEvent
-from agent.clock import FakeClock
-from agent.inventory import Inventory
-from agent.metrics import Metrics
-from agent.model import DeviceHealth, HealthCondition, Severity
-from agent.readiness import Readiness
-from agent.telemetry import (
+from agent.core.backend import DeviceTelemetry, HealthEvent
+from agent.core.inventory import Inventory
+from agent.core.model import DeviceHealth, HealthCondition, Severity
+from agent.observe.metrics import Metrics
+from agent.observe.readiness import Readiness
+from agent.observe.telemetry import (
     FAILURES_BEFORE_NOT_READY,
     TelemetryPoller,
     monitor_seen_sink,
     update_device_counts,
 )
 from tests.observability.fakes import DRIVER, TelemetryBackend, make_devices
+from tests.support.clock import FakeClock
 
 NODE = "node-a"
 

@@ -16,7 +16,7 @@ that what a backend publishes is selected by the expressions users write:
 API (stable; other helpers' tests use it):
 
 - ``matches(expression, device, driver=None) -> bool``: evaluate one selector on an
-  `agent.model.Device` or a slice device dict (``agent.slices.device_to_api`` output; pass the
+  `agent.core.model.Device` or a slice device dict (``agent.kube.slices.device_to_api`` output; pass the
   slice's ``driver`` then).
 - ``match_attribute(name, devices) -> bool``: the ``matchAttribute`` constraint: every device
   has attribute `name` and all values are equal.
@@ -35,9 +35,9 @@ from celpy import celtypes
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError
 
-from agent.model import AttributeValue, Device, Version
-from agent.quantity import Quantity
-from agent.semver import is_semver
+from agent.core.model import AttributeValue, Device, Version
+from agent.core.quantity import Quantity
+from agent.core.semver import is_semver
 
 __all__ = ["CelError", "CelQuantity", "CelSemver", "match_attribute", "matches"]
 
@@ -287,7 +287,7 @@ def _activation(device: Device | Mapping[str, Any], driver: str | None) -> dict[
 def matches(expression: str, device: Device | Mapping[str, Any], driver: str | None = None) -> bool:
     """Evaluate the CEL device selector `expression` on `device`.
 
-    `device` is an `agent.model.Device` or a slice device dict (then `driver` is required).
+    `device` is an `agent.core.model.Device` or a slice device dict (then `driver` is required).
     Raises `CelError` when the expression does not compile, fails at runtime (an unknown
     attribute, a type mismatch) or returns something other than a bool.
     """

@@ -1,0 +1,304 @@
+"""The crash-safe record of prepared claims (``<state dir>/checkpoint.json``).
+
+The file holds a format version, the node's boot ID and the entries per claim UID, with a
+sha256 checksum over the canonical JSON of boot ID and entries. Each claim moves
+``PrepareStarted`` (written before the backend or CDI is touched) -> ``PrepareCompleted``. A
+file that cannot be read, parsed or verified is moved aside and the agent starts from an empty
+checkpoint (never a crash loop). Writes are atomic and coalesced: concurrent changes share one
+write (group commit), so 100 claims prepared at once do not mean 200 fsyncs.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from agent.claims.atomicfile import TEMP_SUFFIX, write_atomic
+from agent.core.errors import AgentError
+from agent.core.logs import log_fields
+
+log = logging.getLogger("agent.claims.checkpoint")
+
+FORMAT_VERSION = 1
+CHECKPOINT_FILE = "checkpoint.json"
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+
+class ClaimPhase(enum.Enum):
+    """How far the preparation of a claim got."""
+
+    STARTED = "PrepareStarted"
+    COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True)
+class CheckpointDevice:
+    """One device of a claim as recorded (CDI IDs are known once the claim is completed)."""
+
+    pool: str
+    device: str
+    requests: tuple[str, ...] = ()
+    share_id: str | None = None
+    cdi_device_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    """The checkpoint entry of one claim."""
+
+    uid: str
+    namespace: str
+    name: str
+    phase: ClaimPhase
+    devices: tuple[CheckpointDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckpointData:
+    """Everything the checkpoint file holds."""
+
+    boot_id: str
+    entries: Mapping[str, ClaimEntry] = field(default_factory=dict)
+
+
+class CheckpointCorruptError(AgentError):
+    """The checkpoint file cannot be used; `reason` is a short label for metrics."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class CheckpointWriteError(AgentError):
+    """The checkpoint could not be written; the previous file is intact."""
+
+
+def _entry_json(entry: ClaimEntry) -> dict[str, Any]:
+    return {
+        "namespace": entry.namespace,
+        "name": entry.name,
+        "state": entry.phase.value,
+        "devices": [
+            {
+                "pool": d.pool,
+                "device": d.device,
+                "requests": list(d.requests),
+                "shareID": d.share_id,
+                "cdiDeviceIDs": list(d.cdi_device_ids),
+            }
+            for d in entry.devices
+        ],
+    }
+
+
+def _checksum(boot_id: str, entries: Mapping[str, Any]) -> str:
+    canonical = json.dumps({"bootID": boot_id, "entries": entries}, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def encode(data: CheckpointData) -> bytes:
+    """The file content for `data`."""
+    entries = {uid: _entry_json(e) for uid, e in sorted(data.entries.items())}
+    doc = {
+        "version": FORMAT_VERSION,
+        "bootID": data.boot_id,
+        "checksum": _checksum(data.boot_id, entries),
+        "entries": entries,
+    }
+    # Compact: the C encoder (an indent would switch to the slow pure-Python one); read it with jq.
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
+def _strs(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError("expected a list of strings")
+    return tuple(value)
+
+
+def _entry_from_json(uid: str, raw: Mapping[str, Any]) -> ClaimEntry:
+    devices = tuple(
+        CheckpointDevice(
+            pool=str(d["pool"]),
+            device=str(d["device"]),
+            requests=_strs(d.get("requests", [])),
+            share_id=None if d.get("shareID") is None else str(d["shareID"]),
+            cdi_device_ids=_strs(d.get("cdiDeviceIDs", [])),
+        )
+        for d in raw["devices"]
+    )
+    return ClaimEntry(
+        uid=uid,
+        namespace=str(raw["namespace"]),
+        name=str(raw["name"]),
+        phase=ClaimPhase(raw["state"]),
+        devices=devices,
+    )
+
+
+def decode(raw: bytes) -> CheckpointData:
+    """Parse and verify file content; raises `CheckpointCorruptError` with the reason."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointCorruptError(f"not valid JSON: {error}", "invalid_json") from error
+    if not isinstance(doc, dict):
+        raise CheckpointCorruptError("not a JSON object", "invalid_json")
+    version = doc.get("version")
+    if version != FORMAT_VERSION:
+        raise CheckpointCorruptError(
+            f"format version {version!r} is not the supported version {FORMAT_VERSION} "
+            "(written by another agent release?)",
+            "unknown_version",
+        )
+    entries = doc.get("entries")
+    boot_id = doc.get("bootID")
+    if not isinstance(entries, dict) or not isinstance(boot_id, str):
+        raise CheckpointCorruptError("entries or bootID missing", "invalid_schema")
+    if doc.get("checksum") != _checksum(boot_id, entries):
+        raise CheckpointCorruptError("checksum mismatch (the file was changed or torn)", "checksum_mismatch")
+    try:
+        parsed = {uid: _entry_from_json(uid, e) for uid, e in entries.items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CheckpointCorruptError(f"malformed entry: {error!r}", "invalid_schema") from error
+    return CheckpointData(boot_id=boot_id, entries=parsed)
+
+
+def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    """The kernel's boot ID (changes on every reboot); ``""`` when it cannot be read."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class LoadOutcome:
+    """What `load_checkpoint` found."""
+
+    data: CheckpointData | None
+    """None when there was no usable file (missing or moved aside)."""
+    problem: CheckpointCorruptError | None = None
+    moved_to: Path | None = None
+
+
+def load_checkpoint(path: Path, now: float | None = None) -> LoadOutcome:
+    """Read the checkpoint; a bad file is renamed ``<name>.corrupt-<unix ts>`` (blocking)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return LoadOutcome(data=None)
+    except OSError as error:
+        problem = CheckpointCorruptError(f"cannot read {path}: {error.strerror}", "unreadable")
+    else:
+        try:
+            return LoadOutcome(data=decode(raw))
+        except CheckpointCorruptError as error:
+            problem = error
+    stamp = int(now if now is not None else time.time())
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    try:
+        path.replace(aside)
+    except OSError as error:
+        log.error(
+            "cannot move the corrupt checkpoint aside; it will be overwritten",
+            extra=log_fields(path=str(path), error=str(error)),
+        )
+        return LoadOutcome(data=None, problem=problem)
+    return LoadOutcome(data=None, problem=problem, moved_to=aside)
+
+
+def remove_temp_files(state_dir: Path) -> None:
+    """Delete checkpoint temp files left by a crash mid-write (blocking)."""
+    if state_dir.is_dir():
+        for p in state_dir.glob(f".{CHECKPOINT_FILE}.*{TEMP_SUFFIX}"):
+            p.unlink(missing_ok=True)
+
+
+def _write_file(path: Path, data: bytes, durable: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, data, mode=0o600, durable=durable)
+
+
+class CheckpointStore:
+    """The entries in memory plus their durable copy; every change is on disk when its call returns."""
+
+    def __init__(self, path: Path, boot_id: str) -> None:
+        self.path = path
+        self.boot_id = boot_id
+        self._entries: dict[str, ClaimEntry] = {}
+        self._write_lock = anyio.Lock()
+        self._changes = 0
+        self._written = 0
+        self._synced = 0
+
+    def load(self, entries: Mapping[str, ClaimEntry]) -> None:
+        """Replace the in-memory entries (at start, before any write)."""
+        self._entries = dict(entries)
+
+    def get(self, uid: str) -> ClaimEntry | None:
+        """The entry of a claim."""
+        return self._entries.get(uid)
+
+    def entries(self) -> dict[str, ClaimEntry]:
+        """A copy of all entries."""
+        return dict(self._entries)
+
+    async def put(self, entry: ClaimEntry, *, durable: bool = True) -> None:
+        """Add or replace an entry; raises `CheckpointWriteError` (memory reverted).
+
+        `durable=False` skips the fsyncs (see `agent.claims.atomicfile.write_atomic`): the agent uses it
+        for PrepareStarted, which guards state that a power loss erases anyway (CDI specs on a
+        tmpfs, device preparation); a killed agent still finds the entry.
+        """
+        previous = self._entries.get(entry.uid)
+        self._entries[entry.uid] = entry
+        await self._commit(lambda: self._restore(entry.uid, previous), durable=durable)
+
+    async def remove(self, uid: str) -> None:
+        """Drop an entry durably (no-op when absent); raises `CheckpointWriteError` (memory reverted)."""
+        if uid not in self._entries:
+            return
+        previous = self._entries.pop(uid)
+        await self._commit(lambda: self._restore(uid, previous))
+
+    async def flush(self) -> None:
+        """Write the current entries (at start: records the new boot ID)."""
+        await self._commit(lambda: None)
+
+    def _restore(self, uid: str, previous: ClaimEntry | None) -> None:
+        if previous is None:
+            self._entries.pop(uid, None)
+        else:
+            self._entries[uid] = previous
+
+    async def _commit(self, undo: Callable[[], None], *, durable: bool = True) -> None:
+        self._changes += 1
+        mine = self._changes
+        try:
+            async with self._write_lock:
+                # A write that started after our change already covered it (group commit).
+                if (self._synced if durable else self._written) >= mine:
+                    return
+                covered = self._changes
+                data = encode(CheckpointData(self.boot_id, dict(self._entries)))
+                await anyio.to_thread.run_sync(_write_file, self.path, data, durable)
+                self._written = covered
+                if durable:
+                    self._synced = covered
+        except OSError as error:
+            # No await between the failed write and the undo: no other write sees our change.
+            undo()
+            raise CheckpointWriteError(
+                f"cannot write the checkpoint {self.path}: {error.strerror or error}; "
+                "free space on the node's disk (the previous checkpoint is intact)"
+            ) from error

@@ -1,0 +1,609 @@
+"""The claim state machine of one driver: `DeviceState` implements `agent.claims.preparer.ClaimPreparer`.
+
+Prepare: GET every claim concurrently (before any lock), check it, then per claim under its own
+lock: checkpoint ``PrepareStarted`` -> backend prepare of each device -> one CDI spec -> checkpoint
+``PrepareCompleted``. Any failure rolls back what was done for that claim. Unprepare reverses it.
+`start` repairs the checkpoint and reconciles it with the CDI files and the API server so that,
+after any crash, no CDI spec exists without an entry and no completed entry lacks its spec.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import anyio.to_thread
+
+from agent.claims.cdi import CdiDevice, CdiSpecWriter, cdi_device_name, qualified_device_id
+from agent.claims.checkpoint import (
+    BOOT_ID_PATH,
+    CHECKPOINT_FILE,
+    CheckpointDevice,
+    CheckpointStore,
+    CheckpointWriteError,
+    ClaimEntry,
+    ClaimPhase,
+    load_checkpoint,
+    read_boot_id,
+    remove_temp_files,
+)
+from agent.claims.filelock import FileLock
+from agent.claims.preparer import ClaimSource, PreparedDevice, PrepareResult
+from agent.claims.reader import ClaimAllocationError, check_claim, claim_key, parse_allocation
+from agent.core.backend import Backend, ClaimRef, ContainerEdits
+from agent.core.clock import Clock, SystemClock
+from agent.core.errors import ClaimRequestError, DeviceNotFoundError, KubeApiError
+from agent.core.logs import log_fields
+from agent.observe.metrics import Metrics
+
+log = logging.getLogger("agent.claims.state")
+
+ROLLBACK_TIMEOUT = 30.0
+"""Rollback runs shielded from cancellation, but not forever."""
+RECONCILE_CONCURRENCY = 16
+"""Claim GETs in flight at once while reconciling at start (spares the API server)."""
+
+
+class Step(enum.Enum):
+    """Points of prepare/unprepare where a test hook may stop the process (crash tests)."""
+
+    PREPARE_BEFORE_CHECKPOINT_START = "prepare-before-checkpoint-start"
+    PREPARE_AFTER_PREPARE_STARTED = "prepare-after-prepare-started"
+    PREPARE_AFTER_BACKEND_PREPARE = "prepare-after-backend-prepare"
+    PREPARE_AFTER_CDI_WRITE = "prepare-after-cdi-write"
+    PREPARE_AFTER_PREPARE_COMPLETED = "prepare-after-prepare-completed"
+    UNPREPARE_BEFORE_BACKEND_UNPREPARE = "unprepare-before-backend-unprepare"
+    UNPREPARE_AFTER_BACKEND_UNPREPARE = "unprepare-after-backend-unprepare"
+    UNPREPARE_AFTER_CDI_REMOVE = "unprepare-after-cdi-remove"
+    UNPREPARE_AFTER_CHECKPOINT_REMOVE = "unprepare-after-checkpoint-remove"
+
+
+class StepHook(Protocol):
+    """Test-only: called at every `Step` (a crash test kills the process there)."""
+
+    def reached(self, step: Step, claim_uid: str) -> None: ...
+
+
+class EventRecorder(Protocol):
+    """Records a Kubernetes Event about the agent (reason, message, ``Normal``/``Warning``)."""
+
+    async def record(self, reason: str, message: str, type: str) -> object: ...
+
+
+class _ClaimFailure(Exception):
+    """A per-claim failure: `str()` is the message for the kubelet, `reason` labels the metric."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """What the API server said about a checkpointed claim at start."""
+
+    exists: bool | None
+    """True: the same claim exists; False: deleted or replaced; None: unknown (API unreachable)."""
+
+
+def _api_error_code(error: Exception) -> str:
+    status = getattr(error, "status", 0)
+    if status == 404:
+        return "NOT_FOUND"
+    if status == 403:
+        return "PERMISSION_DENIED"
+    if status in (0, 429) or status >= 500:
+        return "UNAVAILABLE"
+    return "FAILED_PRECONDITION"
+
+
+class DeviceState:
+    """Prepares and unprepares claims of one driver on this node (a `ClaimPreparer`)."""
+
+    def __init__(
+        self,
+        driver: str,
+        backend: Backend,
+        claims: ClaimSource,
+        *,
+        node_name: str,
+        cdi_root: Path,
+        state_dir: Path,
+        metrics: Metrics | None = None,
+        events: EventRecorder | None = None,
+        lock_path: Path | None = None,
+        clock: Clock | None = None,
+        boot_id: str | None = None,
+        boot_id_path: Path = BOOT_ID_PATH,
+        hooks: StepHook | None = None,
+    ) -> None:
+        self.driver = driver
+        self.backend = backend
+        self.claims = claims
+        self.node_name = node_name
+        self.cdi = CdiSpecWriter(cdi_root, driver)
+        self.state_dir = state_dir
+        self.metrics = metrics
+        self.events = events
+        self.clock = clock or SystemClock()
+        self.hooks = hooks
+        self._boot_id = boot_id if boot_id is not None else read_boot_id(boot_id_path)
+        self.store = CheckpointStore(state_dir / CHECKPOINT_FILE, self._boot_id)
+        self._file_lock = FileLock(lock_path, clock=self.clock) if lock_path is not None else None
+        self._claim_locks: dict[str, tuple[anyio.Lock, int]] = {}
+
+    # ----------------------------------------------------------------- public interface
+
+    async def start(self) -> None:
+        """Load (or rebuild) the checkpoint and reconcile it with the CDI files and the API server."""
+        async with self._serialized(reload=False):
+            await anyio.to_thread.run_sync(self._prepare_dirs)
+            outcome = await anyio.to_thread.run_sync(load_checkpoint, self.store.path, self.clock.time())
+            if outcome.problem is not None:
+                await self._report_recovery(outcome.problem.reason, str(outcome.problem), outcome.moved_to)
+            entries = outcome.data.entries if outcome.data is not None else {}
+            self.store.load(entries)
+            boot_changed = outcome.data is not None and outcome.data.boot_id != self._boot_id
+            if boot_changed:
+                log.info(
+                    "node rebooted since the checkpoint was written; rewriting CDI specs",
+                    extra=log_fields(driver=self.driver, claims=len(entries)),
+                )
+            await self._reconcile(boot_changed)
+            try:
+                await self.store.flush()
+            except CheckpointWriteError as error:
+                log.error("cannot write the checkpoint at start", extra=log_fields(error=str(error)))
+            self._update_gauges()
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        """Prepare every claim; see `agent.claims.preparer.ClaimPreparer.prepare`."""
+        refs = list({ref.uid: ref for ref in claims}.values())
+        if not refs:
+            return {}
+        objects = await self._fetch_claims(refs)
+        try:
+            for ref in refs:
+                check_claim(ref, objects[ref.uid])
+        except ClaimRequestError:
+            self._count("prepare", "error", "claim_state")
+            raise
+        results: dict[str, PrepareResult] = {}
+        async with self._serialized(), anyio.create_task_group() as tg:
+            for ref in refs:
+                tg.start_soon(self._prepare_one, ref, objects[ref.uid], results)
+        self._update_gauges()
+        return results
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        """Unprepare every claim; unknown claims succeed. No API call."""
+        refs = list({ref.uid: ref for ref in claims}.values())
+        if not refs:
+            return {}
+        results: dict[str, str] = {}
+        async with self._serialized(), anyio.create_task_group() as tg:
+            for ref in refs:
+                tg.start_soon(self._unprepare_one, ref, results)
+        self._update_gauges()
+        return results
+
+    def prepared_claims(self) -> dict[str, ClaimEntry]:
+        """Completed claims by UID (for metrics and debugging)."""
+        return {uid: e for uid, e in self.store.entries().items() if e.phase is ClaimPhase.COMPLETED}
+
+    # ----------------------------------------------------------------- prepare
+
+    async def _fetch_claims(self, refs: Sequence[ClaimRef]) -> dict[str, Mapping[str, Any]]:
+        objects: dict[str, Mapping[str, Any]] = {}
+        errors: dict[str, ClaimRequestError] = {}
+
+        async def fetch(ref: ClaimRef) -> None:
+            try:
+                objects[ref.uid] = await self.claims.get_resource_claim(ref.namespace, ref.name)
+            except (KubeApiError, OSError, TimeoutError) as error:
+                errors[ref.uid] = ClaimRequestError(
+                    f"retrieve claim {claim_key(ref)}: {error}", _api_error_code(error)
+                )
+
+        async with anyio.create_task_group() as tg:
+            for ref in refs:
+                tg.start_soon(fetch, ref)
+        for ref in refs:
+            if ref.uid in errors:
+                self._count("prepare", "error", "api")
+                raise errors[ref.uid]
+        return objects
+
+    async def _prepare_one(
+        self, ref: ClaimRef, claim: Mapping[str, Any], results: dict[str, PrepareResult]
+    ) -> None:
+        started = self.clock.monotonic()
+        try:
+            results[ref.uid] = await self._prepare_claim(ref, claim)
+            self._count("prepare", "success")
+        except _ClaimFailure as failure:
+            results[ref.uid] = PrepareResult(error=str(failure))
+            self._count("prepare", "error", failure.reason)
+            log.warning(
+                "claim preparation failed",
+                extra=log_fields(driver=self.driver, claim=claim_key(ref), uid=ref.uid, error=str(failure)),
+            )
+        except Exception as error:  # a bug must not take the other claims of the call with it
+            log.exception("claim preparation failed unexpectedly", extra=log_fields(uid=ref.uid))
+            results[ref.uid] = PrepareResult(error=f"internal error preparing {claim_key(ref)}: {error!r}")
+            self._count("prepare", "error", "internal")
+        finally:
+            if self.metrics is not None:
+                self.metrics.claim_latency.labels(self.driver, "prepare").observe(
+                    self.clock.monotonic() - started
+                )
+
+    async def _prepare_claim(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PrepareResult:
+        try:
+            allocated = parse_allocation(ref, claim, driver=self.driver, pool=self.node_name)
+        except ClaimAllocationError as error:
+            raise _ClaimFailure(str(error), error.reason) from error
+        if not allocated.devices:
+            return PrepareResult()
+        async with self._claim_lock(ref.uid):
+            existing = self.store.get(ref.uid)
+            if existing is not None and existing.phase is ClaimPhase.COMPLETED:
+                return self._result(existing)
+            self._step(Step.PREPARE_BEFORE_CHECKPOINT_START, ref.uid)
+            entry = ClaimEntry(
+                uid=ref.uid,
+                namespace=ref.namespace,
+                name=ref.name,
+                phase=ClaimPhase.STARTED,
+                devices=tuple(
+                    CheckpointDevice(pool=d.pool, device=d.device, requests=d.requests, share_id=d.share_id)
+                    for d in allocated.devices
+                ),
+            )
+            try:
+                # Not fsynced: it guards the CDI tmpfs and device state, which a power loss resets.
+                await self.store.put(entry, durable=False)
+            except CheckpointWriteError as error:
+                raise _ClaimFailure(f"prepare claim {claim_key(ref)}: {error}", "checkpoint") from error
+            except BaseException:
+                await self._rollback(ref, entry)  # cancelled mid-write: the entry may be on disk
+                raise
+            self._step(Step.PREPARE_AFTER_PREPARE_STARTED, ref.uid)
+            try:
+                completed = await self._prepare_devices(ref, entry)
+            except BaseException:
+                await self._rollback(ref, entry)
+                raise
+            self._step(Step.PREPARE_AFTER_PREPARE_COMPLETED, ref.uid)
+            return self._result(completed)
+
+    async def _prepare_devices(self, ref: ClaimRef, entry: ClaimEntry) -> ClaimEntry:
+        """Backend prepare, CDI spec, checkpoint completed; raises `_ClaimFailure` (caller rolls back)."""
+        edits = await self._backend_prepare(ref, entry.devices)
+        self._step(Step.PREPARE_AFTER_BACKEND_PREPARE, ref.uid)
+        devices = await self._write_spec(ref, entry.devices, edits)
+        self._step(Step.PREPARE_AFTER_CDI_WRITE, ref.uid)
+        completed = replace(entry, phase=ClaimPhase.COMPLETED, devices=devices)
+        try:
+            await self.store.put(completed)
+        except CheckpointWriteError as error:
+            raise _ClaimFailure(f"prepare claim {claim_key(ref)}: {error}", "checkpoint") from error
+        return completed
+
+    async def _backend_prepare(
+        self, ref: ClaimRef, devices: Sequence[CheckpointDevice]
+    ) -> list[ContainerEdits]:
+        edits: list[ContainerEdits] = []
+        for device in devices:
+            try:
+                edits.append(await self.backend.prepare(device.device, ref))
+            except DeviceNotFoundError as error:
+                raise _ClaimFailure(
+                    f"prepare claim {claim_key(ref)}: unknown device {device.device!r}: {error}",
+                    "unknown_device",
+                ) from error
+            except Exception as error:
+                raise _ClaimFailure(
+                    f"prepare device {device.device!r} of claim {claim_key(ref)}: backend failed: {error!r}",
+                    "backend",
+                ) from error
+        return edits
+
+    async def _write_spec(
+        self, ref: ClaimRef, devices: Sequence[CheckpointDevice], edits: Sequence[ContainerEdits]
+    ) -> tuple[CheckpointDevice, ...]:
+        """Write the claim's CDI spec; the devices with their CDI IDs."""
+        cdi_devices = [
+            CdiDevice(cdi_device_name(ref.uid, d.device, d.share_id), e)
+            for d, e in zip(devices, edits, strict=True)
+        ]
+        try:
+            await anyio.to_thread.run_sync(self.cdi.write_claim_spec, ref.uid, cdi_devices)
+        except OSError as error:
+            raise _ClaimFailure(
+                f"prepare claim {claim_key(ref)}: cannot write CDI spec {self.cdi.spec_path(ref.uid)}: "
+                f"{error.strerror or error}; check free space and permissions of the CDI root",
+                "cdi",
+            ) from error
+        return tuple(
+            replace(d, cdi_device_ids=(qualified_device_id(self.driver, c.name), *e.cdi_device_ids))
+            for d, c, e in zip(devices, cdi_devices, edits, strict=True)
+        )
+
+    async def _rollback(self, ref: ClaimRef, entry: ClaimEntry) -> None:
+        """Undo a partial prepare: backend, CDI spec, checkpoint entry (best effort, shielded)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(ROLLBACK_TIMEOUT):
+            await self._undo(ref, entry, reason="rollback")
+
+    async def _undo(self, ref: ClaimRef, entry: ClaimEntry, *, reason: str) -> bool:
+        """Unprepare devices, remove spec and entry, logging failures; True when all of it worked."""
+        clean = True
+        for device in reversed(entry.devices):
+            try:
+                await self.backend.unprepare(device.device, ref)
+            except Exception as error:
+                clean = False
+                log.error(
+                    "backend unprepare failed",
+                    extra=log_fields(uid=ref.uid, device=device.device, during=reason, error=repr(error)),
+                )
+        try:
+            await anyio.to_thread.run_sync(self.cdi.remove_claim_spec, ref.uid)
+        except OSError as error:
+            clean = False
+            log.error(
+                "cannot remove CDI spec", extra=log_fields(uid=ref.uid, during=reason, error=str(error))
+            )
+        if clean:
+            try:
+                await self.store.remove(ref.uid)
+            except CheckpointWriteError as error:
+                clean = False
+                log.error("cannot drop checkpoint entry", extra=log_fields(uid=ref.uid, error=str(error)))
+        return clean
+
+    def _result(self, entry: ClaimEntry) -> PrepareResult:
+        return PrepareResult(
+            devices=tuple(
+                PreparedDevice(
+                    requests=d.requests,
+                    pool=d.pool,
+                    device=d.device,
+                    cdi_device_ids=d.cdi_device_ids,
+                    share_id=d.share_id,
+                )
+                for d in entry.devices
+            )
+        )
+
+    # ----------------------------------------------------------------- unprepare
+
+    async def _unprepare_one(self, ref: ClaimRef, results: dict[str, str]) -> None:
+        started = self.clock.monotonic()
+        try:
+            await self._unprepare_claim(ref)
+            results[ref.uid] = ""
+            self._count("unprepare", "success")
+        except _ClaimFailure as failure:
+            results[ref.uid] = str(failure)
+            self._count("unprepare", "error", failure.reason)
+            log.warning(
+                "claim unpreparation failed",
+                extra=log_fields(driver=self.driver, claim=claim_key(ref), uid=ref.uid, error=str(failure)),
+            )
+        except Exception as error:
+            log.exception("claim unpreparation failed unexpectedly", extra=log_fields(uid=ref.uid))
+            results[ref.uid] = f"internal error unpreparing {claim_key(ref)}: {error!r}"
+            self._count("unprepare", "error", "internal")
+        finally:
+            if self.metrics is not None:
+                self.metrics.claim_latency.labels(self.driver, "unprepare").observe(
+                    self.clock.monotonic() - started
+                )
+
+    async def _unprepare_claim(self, ref: ClaimRef) -> None:
+        async with self._claim_lock(ref.uid):
+            entry = self.store.get(ref.uid)
+            if entry is None:
+                # Unknown claim: success. A spec without an entry should not exist; remove it anyway.
+                try:
+                    await anyio.to_thread.run_sync(self.cdi.remove_claim_spec, ref.uid)
+                except OSError as error:
+                    raise _ClaimFailure(f"unprepare claim {claim_key(ref)}: {error}", "cdi") from error
+                return
+            owner = ClaimRef(entry.namespace, entry.name, entry.uid)
+            self._step(Step.UNPREPARE_BEFORE_BACKEND_UNPREPARE, ref.uid)
+            for device in reversed(entry.devices):
+                try:
+                    await self.backend.unprepare(device.device, owner)
+                except Exception as error:
+                    # Keep the entry: the kubelet retries unprepare and we redo it.
+                    raise _ClaimFailure(
+                        f"unprepare device {device.device!r} of claim {claim_key(ref)}: {error}", "backend"
+                    ) from error
+            self._step(Step.UNPREPARE_AFTER_BACKEND_UNPREPARE, ref.uid)
+            try:
+                await anyio.to_thread.run_sync(self.cdi.remove_claim_spec, ref.uid)
+            except OSError as error:
+                raise _ClaimFailure(
+                    f"unprepare claim {claim_key(ref)}: cannot remove CDI spec: {error.strerror or error}",
+                    "cdi",
+                ) from error
+            self._step(Step.UNPREPARE_AFTER_CDI_REMOVE, ref.uid)
+            try:
+                await self.store.remove(ref.uid)
+            except CheckpointWriteError as error:
+                raise _ClaimFailure(f"unprepare claim {claim_key(ref)}: {error}", "checkpoint") from error
+            self._step(Step.UNPREPARE_AFTER_CHECKPOINT_REMOVE, ref.uid)
+
+    # ----------------------------------------------------------------- start-up reconcile
+
+    def _prepare_dirs(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        remove_temp_files(self.state_dir)
+        self.cdi.remove_temp_files()
+
+    async def _report_recovery(
+        self, reason: str, problem: str, moved_to: Path | None, *, rebuilt: str = "empty"
+    ) -> None:
+        message = (
+            f"checkpoint {self.store.path} was unusable ({problem}); moved aside to {moved_to} "
+            f"and rebuilt {rebuilt}: claims prepared before may need their pods restarted"
+        )
+        log.error("checkpoint recovered", extra=log_fields(driver=self.driver, reason=reason, detail=message))
+        if self.metrics is not None:
+            self.metrics.checkpoint_recoveries.labels(reason).inc()
+        if self.events is not None:
+            try:
+                await self.events.record("CheckpointRecovered", message, "Warning")
+            except Exception as error:  # an Event is a courtesy; never fail start over it
+                log.warning("cannot record event", extra=log_fields(error=repr(error)))
+
+    async def _lookup(self, entry: ClaimEntry) -> _Lookup:
+        try:
+            claim = await self.claims.get_resource_claim(entry.namespace, entry.name)
+        except KubeApiError as error:
+            if error.status == 404:
+                return _Lookup(exists=False)
+            log.warning(
+                "cannot check claim at start; keeping it",
+                extra=log_fields(uid=entry.uid, claim=f"{entry.namespace}/{entry.name}", error=str(error)),
+            )
+            return _Lookup(exists=None)
+        except (OSError, TimeoutError) as error:
+            log.warning(
+                "cannot check claim at start; keeping it", extra=log_fields(uid=entry.uid, error=str(error))
+            )
+            return _Lookup(exists=None)
+        metadata = claim.get("metadata") or {}
+        return _Lookup(exists=str(metadata.get("uid", "")) == entry.uid)
+
+    async def _reconcile(self, boot_changed: bool) -> None:
+        entries = self.store.entries()
+        lookups: dict[str, _Lookup] = {}
+
+        limiter = anyio.CapacityLimiter(RECONCILE_CONCURRENCY)
+
+        async def lookup(entry: ClaimEntry) -> None:
+            async with limiter:
+                lookups[entry.uid] = await self._lookup(entry)
+
+        completed = [e for e in entries.values() if e.phase is ClaimPhase.COMPLETED]
+        async with anyio.create_task_group() as tg:
+            for entry in completed:
+                tg.start_soon(lookup, entry)
+        for entry in entries.values():
+            ref = ClaimRef(entry.namespace, entry.name, entry.uid)
+            if entry.phase is ClaimPhase.STARTED:
+                log.info("rolling back a preparation a crash interrupted", extra=log_fields(uid=entry.uid))
+                await self._undo(ref, entry, reason="stale PrepareStarted")
+            elif lookups[entry.uid].exists is False:
+                log.info(
+                    "unpreparing a claim deleted while the agent was down", extra=log_fields(uid=entry.uid)
+                )
+                await self._undo(ref, entry, reason="claim deleted")
+            elif boot_changed or not await anyio.to_thread.run_sync(self.cdi.has_claim_spec, entry.uid):
+                await self._restore_spec(ref, entry)
+        owned = set(self.store.entries())
+        for uid in await anyio.to_thread.run_sync(self.cdi.claim_spec_uids):
+            if uid not in owned:
+                log.info("removing a CDI spec no checkpoint entry owns", extra=log_fields(uid=uid))
+                try:
+                    await anyio.to_thread.run_sync(self.cdi.remove_claim_spec, uid)
+                except OSError as error:
+                    log.error("cannot remove orphan CDI spec", extra=log_fields(uid=uid, error=str(error)))
+
+    async def _restore_spec(self, ref: ClaimRef, entry: ClaimEntry) -> None:
+        """Re-run backend prepare (idempotent) and rewrite a completed claim's lost CDI spec."""
+        try:
+            edits = await self._backend_prepare(ref, entry.devices)
+            devices = await self._write_spec(ref, entry.devices, edits)
+            if devices != entry.devices:
+                await self.store.put(replace(entry, devices=devices))
+            log.info("rewrote the CDI spec of a prepared claim", extra=log_fields(uid=entry.uid))
+        except (_ClaimFailure, CheckpointWriteError) as error:
+            # A completed entry without its spec breaks the invariant: drop the claim instead.
+            log.error(
+                "cannot restore a prepared claim; unpreparing it",
+                extra=log_fields(uid=entry.uid, claim=claim_key(ref), error=str(error)),
+            )
+            await self._undo(ref, entry, reason="restore failed")
+            if self.events is not None:
+                try:
+                    await self.events.record(
+                        "ClaimRestoreFailed",
+                        f"claim {claim_key(ref)} ({entry.uid}) could not be restored after restart: {error}",
+                        "Warning",
+                    )
+                except Exception as event_error:
+                    log.warning("cannot record event", extra=log_fields(error=repr(event_error)))
+
+    # ----------------------------------------------------------------- helpers
+
+    @asynccontextmanager
+    async def _serialized(self, *, reload: bool = True) -> AsyncIterator[None]:
+        """The cross-process file lock (rolling updates), when configured.
+
+        Two agent pods share the checkpoint during a rolling update, so whoever takes the lock
+        first reloads the entries the other one may have written since.
+        """
+        if self._file_lock is None:
+            yield
+            return
+        async with self._file_lock:
+            if reload:
+                await self._reload_checkpoint()
+            yield
+
+    async def _reload_checkpoint(self) -> None:
+        outcome = await anyio.to_thread.run_sync(load_checkpoint, self.store.path, self.clock.time())
+        if outcome.problem is not None:
+            # Keep the entries in memory: they are the best record left; the next write restores the file.
+            await self._report_recovery(
+                outcome.problem.reason, str(outcome.problem), outcome.moved_to, rebuilt="from memory"
+            )
+            try:
+                await self.store.flush()
+            except CheckpointWriteError as error:
+                log.error("cannot rewrite the checkpoint", extra=log_fields(error=str(error)))
+            return
+        self.store.load(outcome.data.entries if outcome.data is not None else {})
+
+    @asynccontextmanager
+    async def _claim_lock(self, uid: str) -> AsyncIterator[None]:
+        """One lock per claim UID, dropped when nobody holds or waits for it."""
+        lock, users = self._claim_locks.get(uid, (anyio.Lock(), 0))
+        self._claim_locks[uid] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._claim_locks[uid]
+            if users == 1:
+                del self._claim_locks[uid]
+            else:
+                self._claim_locks[uid] = (lock, users - 1)
+
+    def _step(self, step: Step, uid: str) -> None:
+        if self.hooks is not None:
+            self.hooks.reached(step, uid)
+
+    def _count(self, operation: str, result: str, reason: str = "") -> None:
+        if self.metrics is None:
+            return
+        self.metrics.claim_operations.labels(self.driver, operation, result).inc()
+        if reason:
+            self.metrics.claim_errors.labels(self.driver, operation, reason).inc()
+
+    def _update_gauges(self) -> None:
+        if self.metrics is None:
+            return
+        prepared = self.prepared_claims()
+        self.metrics.prepared_claims.labels(self.driver).set(len(prepared))
+        self.metrics.prepared_devices.labels(self.driver).set(sum(len(e.devices) for e in prepared.values()))

@@ -1,0 +1,191 @@
+"""The seam between the vendor-neutral core and the vendor backends.
+
+Every backend (fake, NVIDIA, AMD) implements `Backend`. Backends know nothing of Kubernetes:
+they discover `Device` values, report `HealthEvent`s, prepare a device for a claim by returning
+`ContainerEdits` (which the core turns into CDI), and read `DeviceTelemetry`. Blocking vendor
+calls run through `anyio.to_thread`, never on the event loop.
+
+Backends are installed as entry points in the ``dra_agent.backends`` group; each entry point is
+a `BackendFactory` that returns one backend per driver name it serves.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Protocol, runtime_checkable
+
+from agent.core.errors import BackendNotFoundError
+from agent.core.model import Device, Severity
+
+ENTRY_POINT_GROUP = "dra_agent.backends"
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """The identity of a ResourceClaim, as the kubelet sends it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+class ConditionKind(enum.Enum):
+    """How a health condition ends."""
+
+    EVENT = "event"
+    """A one-off occurrence (an XID, an ECC error): it recovers after the hold time without recurrence."""
+    STATE = "state"
+    """A lasting state (GPU lost, unmonitored): it lasts until the backend clears it."""
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """A change in the health of one device, reported by a backend.
+
+    `cleared=True` ends a STATE condition (or an EVENT condition early, when the vendor
+    reports recovery). `at` is a Unix timestamp; None means "now" at the receiver.
+    """
+
+    device: str
+    condition: str
+    severity: Severity
+    value: str = ""
+    message: str = ""
+    kind: ConditionKind = ConditionKind.EVENT
+    cleared: bool = False
+    at: float | None = None
+
+
+HealthSink = Callable[[HealthEvent], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A device node the container gets; type/major/minor are read from the host when known."""
+
+    path: str
+    host_path: str = ""
+    type: str = ""
+    major: int | None = None
+    minor: int | None = None
+    permissions: str = ""
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount from the host into the container."""
+
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ("ro", "nosuid", "nodev", "bind")
+
+
+@dataclass(frozen=True)
+class ContainerEdits:
+    """What a container needs to use one prepared device.
+
+    `cdi_device_ids` are extra, fully qualified CDI IDs the runtime resolves from specs the
+    agent does not write (for example the NVIDIA Container Toolkit's ``nvidia.com/gpu=<uuid>``).
+    `env` values of several devices of one claim are merged by the core; variables listed in
+    `list_env` are joined with commas (``NVIDIA_VISIBLE_DEVICES=uuid1,uuid2``).
+    """
+
+    device_nodes: tuple[DeviceNode, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    cdi_device_ids: tuple[str, ...] = ()
+    list_env: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class DeviceTelemetry:
+    """One reading of a device's counters; None where the device cannot report it."""
+
+    device: str
+    utilization_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    ecc_corrected_total: int | None = None
+    ecc_uncorrected_total: int | None = None
+    last_error_code: int | None = None
+    """The vendor's last fatal error code (the last XID on NVIDIA)."""
+    read_at: float = field(default_factory=time.time)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One vendor backend serving one DRA driver name."""
+
+    @property
+    def driver_name(self) -> str:
+        """The DRA driver name (``gpu.nvidia.com``), used for slices, sockets and CDI."""
+        ...
+
+    async def start(self) -> None:
+        """Open the vendor library; raise `BackendError` with a fix when it cannot."""
+        ...
+
+    async def stop(self) -> None:
+        """Release the vendor library; must not raise."""
+        ...
+
+    async def discover(self) -> Sequence[Device]:
+        """The devices to publish now (may be called again to see changes)."""
+        ...
+
+    async def monitor_health(self, sink: HealthSink) -> None:
+        """Report health changes to `sink` until cancelled; return promptly on cancellation."""
+        ...
+
+    async def prepare(self, device: str, claim: ClaimRef) -> ContainerEdits:
+        """Make `device` ready for `claim`; raise `DeviceNotFoundError` for an unknown device.
+
+        Must be idempotent: preparing an already prepared device returns the same edits.
+        """
+        ...
+
+    async def unprepare(self, device: str, claim: ClaimRef) -> None:
+        """Undo `prepare`; unpreparing what was never prepared succeeds."""
+        ...
+
+    async def telemetry(self) -> Sequence[DeviceTelemetry]:
+        """Read the devices' counters (cheap; runs on the metrics poller's interval)."""
+        ...
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """What a backend factory gets: the node, an optional driver name and its own settings."""
+
+    node_name: str
+    driver_name: str | None = None
+    settings: Mapping[str, str] = field(default_factory=dict)
+
+
+class BackendFactory(Protocol):
+    """The entry point of a backend package."""
+
+    def __call__(self, options: BackendOptions) -> Sequence[Backend]: ...
+
+
+def available_backends() -> list[str]:
+    """Names of the installed backends."""
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def load_backend_factory(name: str) -> BackendFactory:
+    """Find the factory of backend `name`, or raise `BackendNotFoundError` listing the choices."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            factory: BackendFactory = ep.load()
+            return factory
+    raise BackendNotFoundError(
+        f"unknown backend {name!r}: installed backends are {', '.join(available_backends()) or 'none'} "
+        "(install the package with 'pip install dra-agent[nvidia]' or '[amd]' for a vendor backend)"
+    )

@@ -1,0 +1,206 @@
+"""The vendor-neutral device model, with the API server's ResourceSlice limits enforced.
+
+A backend turns vendor data into `Device` values; the core turns them into ResourceSlices,
+taints and the kubelet's health stream. Construction fails with `DeviceModelError` naming the
+device and the field, so an invalid device never reaches the API server.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from agent.core.errors import DeviceModelError
+from agent.core.quantity import Quantity
+from agent.core.semver import MAX_VERSION_LENGTH, is_semver
+
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_STRING_LENGTH = 64
+MAX_ID_LENGTH = 32
+MAX_DOMAIN_LENGTH = 63
+MAX_DRIVER_NAME_LENGTH = 63
+MAX_DEVICE_NAME_LENGTH = 63
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def is_dns_label(value: str) -> bool:
+    """RFC 1123 label: lower case alphanumerics and '-', at most 63 characters."""
+    return len(value) <= MAX_DEVICE_NAME_LENGTH and _DNS_LABEL.match(value) is not None
+
+
+def is_dns_subdomain(value: str) -> bool:
+    """RFC 1123 subdomain: dot-separated labels, at most 253 characters."""
+    return 0 < len(value) <= 253 and all(_DNS_LABEL.match(part) for part in value.split("."))
+
+
+def check_driver_name(value: str) -> str | None:
+    """Return why `value` is not a valid DRA driver name, or None when it is."""
+    if not value:
+        return "must not be empty"
+    if len(value) > MAX_DRIVER_NAME_LENGTH:
+        return f"must be at most {MAX_DRIVER_NAME_LENGTH} characters"
+    if not is_dns_subdomain(value.lower()):
+        return "must be a DNS subdomain such as gpu.example.com"
+    return None
+
+
+def check_qualified_name(value: str) -> str | None:
+    """Return why `value` is not a valid attribute or capacity name, or None when it is."""
+    domain, sep, ident = value.rpartition("/")
+    if sep and (not domain or len(domain) > MAX_DOMAIN_LENGTH or not is_dns_subdomain(domain)):
+        return f"domain {domain!r} must be a DNS subdomain of at most {MAX_DOMAIN_LENGTH} characters"
+    if not ident or len(ident) > MAX_ID_LENGTH or not _C_IDENTIFIER.match(ident):
+        return f"{ident!r} must be a C identifier of at most {MAX_ID_LENGTH} characters"
+    return None
+
+
+@dataclass(frozen=True)
+class Version:
+    """A `version` attribute value; must already be valid semver (see `agent.core.semver`)."""
+
+    value: str
+
+    def __str__(self) -> str:
+        return self.value
+
+
+AttributeValue = bool | int | str | Version
+
+
+class HealthStatus(enum.Enum):
+    """Health of one device, as the kubelet's health stream knows it."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"
+
+
+class Severity(enum.IntEnum):
+    """How bad a health condition is; higher is worse, so conditions sort by it."""
+
+    INFO = 1
+    WARNING = 2
+    CRITICAL = 3
+
+    @property
+    def label(self) -> str:
+        """Lower-case name for logs, metrics and config."""
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class HealthCondition:
+    """One active cause of a device's health state (an XID, a lost GPU, no monitoring...)."""
+
+    condition: str
+    severity: Severity
+    value: str = ""
+    message: str = ""
+    since: float = 0.0
+
+
+@dataclass(frozen=True)
+class DeviceHealth:
+    """The health of one device: derived from its active conditions."""
+
+    conditions: tuple[HealthCondition, ...] = ()
+
+    @property
+    def status(self) -> HealthStatus:
+        """Critical -> unhealthy; warning (e.g. unmonitored) -> unknown; info only -> healthy."""
+        worst = max((c.severity for c in self.conditions), default=None)
+        if worst is Severity.CRITICAL:
+            return HealthStatus.UNHEALTHY
+        if worst is Severity.WARNING:
+            return HealthStatus.UNKNOWN
+        return HealthStatus.HEALTHY
+
+    @property
+    def message(self) -> str:
+        """A short human summary of the active conditions."""
+        return "; ".join(
+            f"{c.condition}{'=' + c.value if c.value else ''}{': ' + c.message if c.message else ''}"
+            for c in sorted(self.conditions, key=lambda c: -c.severity)
+        )
+
+
+HEALTHY = DeviceHealth()
+
+
+@dataclass(frozen=True)
+class Device:
+    """One allocatable device of one driver on this node.
+
+    `attributes` and `capacity` use names without the driver's domain for the driver's own
+    attributes (``productName``) and fully qualified names otherwise
+    (``resource.kubernetes.io/pciBusID``). `uuid`, `pci_bus_id` and `product` label metrics.
+    """
+
+    name: str
+    driver: str
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+    capacity: Mapping[str, Quantity] = field(default_factory=dict)
+    health: DeviceHealth = HEALTHY
+    uuid: str = ""
+    pci_bus_id: str = ""
+    product: str = ""
+    parent: str = ""
+
+    def __post_init__(self) -> None:
+        # Freeze the maps so a Device is a true value.
+        object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
+        object.__setattr__(self, "capacity", MappingProxyType(dict(self.capacity)))
+        validate_device(self)
+
+
+def validate_device(device: Device) -> None:
+    """Raise `DeviceModelError` if `device` breaks a ResourceSlice rule of the API server."""
+    name = device.name
+    if not is_dns_label(name):
+        raise DeviceModelError(
+            name, "name", "must be a DNS label: lower case letters, digits and '-', at most 63 characters"
+        )
+    problem = check_driver_name(device.driver)
+    if problem:
+        raise DeviceModelError(name, "driver", f"{device.driver!r} {problem}")
+    total = len(device.attributes) + len(device.capacity)
+    if total > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise DeviceModelError(
+            name, "attributes", f"{total} attributes and capacities, at most {MAX_ATTRIBUTES_AND_CAPACITIES}"
+        )
+    for key, value in device.attributes.items():
+        where = f"attributes[{key}]"
+        problem = check_qualified_name(key)
+        if problem:
+            raise DeviceModelError(name, where, problem)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            if not INT64_MIN <= value <= INT64_MAX:
+                raise DeviceModelError(name, where, f"{value} does not fit in int64")
+        elif isinstance(value, str):
+            if len(value) > MAX_STRING_LENGTH:
+                raise DeviceModelError(
+                    name, where, f"string of {len(value)} characters, at most {MAX_STRING_LENGTH}"
+                )
+        elif isinstance(value, Version):
+            if len(value.value) > MAX_VERSION_LENGTH or not is_semver(value.value):
+                raise DeviceModelError(
+                    name,
+                    where,
+                    f"{value.value!r} is not semver 2.0.0 (use agent.core.semver.normalize_version)",
+                )
+        else:
+            raise DeviceModelError(name, where, f"unsupported type {type(value).__name__}")
+    for key, quantity in device.capacity.items():
+        problem = check_qualified_name(key)
+        if problem:
+            raise DeviceModelError(name, f"capacity[{key}]", problem)
+        if not isinstance(quantity, Quantity):
+            raise DeviceModelError(name, f"capacity[{key}]", "must be an agent.core.quantity.Quantity")

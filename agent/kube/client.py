@@ -1,0 +1,439 @@
+"""The agent's Kubernetes API client: discovery, ResourceSlices, claims, events, DeviceTaintRules.
+
+Built on kubernetes-asyncio's `ApiClient` for configuration and authentication, but requests
+and answers are plain JSON dicts (``call_api(..., _preload_content=False)``): the resource.k8s.io
+shapes differ between v1, v1beta2 and v1beta1 and typed models would only add churn. Every
+request has a timeout; every failure becomes `agent.core.errors.KubeApiError` with the HTTP status
+(0 when the API server did not answer).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from agent.core.errors import KubeApiError
+from agent.core.logs import log_fields
+from agent.health.taints import ClusterTaintSupport
+
+log = logging.getLogger("agent.kube.client")
+
+RESOURCE_GROUP = "resource.k8s.io"
+SLICE_VERSIONS = ("v1", "v1beta2", "v1beta1")
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+EVENT_NAMESPACE = "default"
+"""Events about cluster-scoped objects (our Node) go to ``default``, as the kubelet's do."""
+
+# Fields of a v1beta1 request that v1beta2/v1 nest under ``exactly``.
+_EXACT_REQUEST_FIELDS = (
+    "deviceClassName",
+    "selectors",
+    "allocationMode",
+    "count",
+    "adminAccess",
+    "tolerations",
+)
+_NO_DRA_HELP = (
+    "the API server does not serve resource.k8s.io ResourceSlices (Dynamic Resource Allocation is off). "
+    "Kubernetes 1.34+ enables it by default; on 1.32/1.33 start kube-apiserver, kube-controller-manager, "
+    "kube-scheduler and kubelet with --feature-gates=DynamicResourceAllocation=true and the API server "
+    "with --runtime-config=resource.k8s.io/v1beta1=true (1.33: also resource.k8s.io/v1beta2=true)"
+)
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What discovery found: the Kubernetes version and the resource.k8s.io versions to use."""
+
+    major: int
+    minor: int
+    git_version: str
+    slice_version: str
+    taint_rule_version: str | None
+
+    @property
+    def taint_support(self) -> ClusterTaintSupport:
+        """1.35+: 16 taints per device and the ``None`` effect; before: 4 and no ``None``."""
+        if (self.major, self.minor) >= (1, 35):
+            return ClusterTaintSupport(max_taints_per_device=16, none_effect=True)
+        return ClusterTaintSupport(max_taints_per_device=4, none_effect=False)
+
+    @property
+    def slice_taints_possible(self) -> bool:
+        """Device taints in slices exist from 1.33 (DRADeviceTaints, alpha)."""
+        return (self.major, self.minor) >= (1, 33)
+
+    @property
+    def max_devices_with_taints(self) -> int:
+        """1.35 limits a slice with a tainted device to 64 devices; before, 128 applies to all."""
+        return 64 if (self.major, self.minor) >= (1, 35) else 128
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One watch event: ADDED, MODIFIED, DELETED or BOOKMARK with its object."""
+
+    type: str
+    object: dict[str, Any]
+
+    @property
+    def resource_version(self) -> str:
+        return str(self.object.get("metadata", {}).get("resourceVersion", ""))
+
+
+def _parse_minor(text: str) -> int:
+    digits = "".join(ch for ch in text if ch.isdigit())
+    return int(digits) if digits else 0
+
+
+def claim_to_v1(claim: Mapping[str, Any]) -> dict[str, Any]:
+    """Convert a v1beta1 ResourceClaim dict to the v1 shape (v1beta2 and v1 already match)."""
+    out = json.loads(json.dumps(claim))
+    out["apiVersion"] = f"{RESOURCE_GROUP}/v1"
+    requests = out.get("spec", {}).get("devices", {}).get("requests")
+    if isinstance(requests, list):
+        for request in requests:
+            if not isinstance(request, dict) or "exactly" in request or "firstAvailable" in request:
+                continue
+            exactly = {k: request.pop(k) for k in _EXACT_REQUEST_FIELDS if k in request}
+            request["exactly"] = exactly
+    return dict(out)
+
+
+class KubeClient:
+    """Raw-JSON access to the parts of the Kubernetes API the agent uses.
+
+    Create it inside the running event loop (`connect` or `from_configuration`), call `discover`
+    (done by `connect`) before using resource.k8s.io, and `close` it at the end.
+    """
+
+    def __init__(self, api_client: Any, *, request_timeout: float = 10.0) -> None:
+        self._api = api_client
+        self._timeout = request_timeout
+        self._info: ServerInfo | None = None
+
+    # ----- construction -------------------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls, mode: str = "auto", kubeconfig: Path | str | None = None, *, request_timeout: float = 10.0
+    ) -> KubeClient:
+        """Load credentials (in-cluster, kubeconfig or auto), then run API discovery."""
+        from kubernetes_asyncio import client, config
+
+        cfg = client.Configuration()
+        in_cluster = mode == "in-cluster" or (
+            mode == "auto" and kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST")
+        )
+        try:
+            if in_cluster:
+                config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            else:
+                await config.load_kube_config(
+                    config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg
+                )
+        except (config.ConfigException, OSError) as error:
+            where = (
+                "in-cluster service account" if in_cluster else f"kubeconfig {kubeconfig or '~/.kube/config'}"
+            )
+            raise KubeApiError(
+                f"cannot load Kubernetes credentials from the {where}: {error} "
+                "(set --kube and --kubeconfig, or run inside a Pod with a service account)"
+            ) from error
+        kube = cls.from_configuration(cfg, request_timeout=request_timeout)
+        try:
+            await kube.discover()
+        except BaseException:
+            await kube.close()
+            raise
+        return kube
+
+    @classmethod
+    def from_configuration(cls, cfg: Any, *, request_timeout: float = 10.0) -> KubeClient:
+        """Wrap a kubernetes-asyncio `Configuration` (must run inside the event loop)."""
+        from kubernetes_asyncio import client
+
+        return cls(client.ApiClient(configuration=cfg), request_timeout=request_timeout)
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        await self._api.close()
+
+    # ----- low level ----------------------------------------------------------------------
+
+    async def _open(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        timeout: Any = None,  # noqa: ASYNC109 - aiohttp's per-request timeout, not a cancel scope
+    ) -> Any:
+        try:
+            return await self._api.call_api(
+                path,
+                method,
+                query_params=list(query),
+                header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout if timeout is not None else self._timeout,
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise KubeApiError(
+                f"{method} {path}: API server unreachable: {type(error).__name__}: {error}"
+            ) from error
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+    ) -> dict[str, Any]:
+        """Send one request and return the decoded JSON answer; raise `KubeApiError` if it failed."""
+        response = await self._open(method, path, query=query, body=body)
+        try:
+            try:
+                raw = await response.read()
+            except (aiohttp.ClientError, TimeoutError, OSError) as error:
+                raise KubeApiError(
+                    f"{method} {path}: API server connection lost: {type(error).__name__}: {error}"
+                ) from error
+            data: Any
+            try:
+                data = json.loads(raw) if raw else {}
+            except ValueError:
+                data = {"message": raw[:200].decode("utf-8", "replace")}
+            if not 200 <= response.status <= 299:
+                raise _api_error(method, path, response.status, data)
+            return data if isinstance(data, dict) else {"items": data}
+        finally:
+            response.release()
+
+    # ----- discovery ----------------------------------------------------------------------
+
+    @property
+    def info(self) -> ServerInfo:
+        """Discovery results; raises if `discover` has not run."""
+        if self._info is None:
+            raise KubeApiError("KubeClient.discover() must run before resource.k8s.io is used")
+        return self._info
+
+    async def ensure_discovered(self) -> ServerInfo:
+        """Discovery results, running discovery first when it has not run yet."""
+        return self._info if self._info is not None else await self.discover()
+
+    @property
+    def slice_version(self) -> str:
+        return self.info.slice_version
+
+    async def discover(self) -> ServerInfo:
+        """Find the server version and the resource.k8s.io versions that serve what we need."""
+        version = await self.request("GET", "/version")
+        major = _parse_minor(str(version.get("major", "1"))) or 1
+        minor = _parse_minor(str(version.get("minor", "0")))
+        try:
+            group = await self.request("GET", f"/apis/{RESOURCE_GROUP}")
+        except KubeApiError as error:
+            if error.status == 404:
+                raise KubeApiError(_NO_DRA_HELP, 404, "NotFound") from error
+            raise
+        served = [str(v.get("version")) for v in group.get("versions", []) if isinstance(v, dict)]
+        resources: dict[str, set[str]] = {}
+        for v in served:
+            try:
+                listing = await self.request("GET", f"/apis/{RESOURCE_GROUP}/{v}")
+            except KubeApiError as error:
+                if error.status == 404:
+                    continue
+                raise
+            resources[v] = {str(r.get("name")) for r in listing.get("resources", []) if isinstance(r, dict)}
+        slice_version = next((v for v in SLICE_VERSIONS if "resourceslices" in resources.get(v, ())), None)
+        if slice_version is None:
+            raise KubeApiError(_NO_DRA_HELP, 404, "NotFound")
+        rule_version = next(
+            (v for v in TAINT_RULE_VERSIONS if "devicetaintrules" in resources.get(v, ())), None
+        )
+        self._info = ServerInfo(
+            major, minor, str(version.get("gitVersion", f"v{major}.{minor}")), slice_version, rule_version
+        )
+        log.info(
+            "connected to the API server",
+            extra=log_fields(
+                server=self._info.git_version,
+                resource_api=f"{RESOURCE_GROUP}/{slice_version}",
+                taint_rules=rule_version or "not served",
+            ),
+        )
+        return self._info
+
+    # ----- nodes and events ---------------------------------------------------------------
+
+    async def get_node(self, name: str) -> dict[str, Any]:
+        """The Node object; `KubeApiError` with status 404 when it does not exist (yet)."""
+        return await self.request("GET", f"/api/v1/nodes/{name}")
+
+    async def create_event(self, body: Mapping[str, Any], namespace: str = EVENT_NAMESPACE) -> dict[str, Any]:
+        """Create a core/v1 Event."""
+        return await self.request("POST", f"/api/v1/namespaces/{namespace}/events", body=dict(body))
+
+    # ----- ResourceSlices -----------------------------------------------------------------
+
+    def _slices_path(self, name: str = "") -> str:
+        path = f"/apis/{RESOURCE_GROUP}/{self.slice_version}/resourceslices"
+        return f"{path}/{name}" if name else path
+
+    @staticmethod
+    def _slice_selector(node_name: str, driver: str) -> list[tuple[str, str]]:
+        return [("fieldSelector", f"spec.nodeName={node_name},spec.driver={driver}")]
+
+    async def list_resource_slices(self, *, node_name: str, driver: str) -> tuple[list[dict[str, Any]], str]:
+        """Our node's slices of `driver`, and the list's resourceVersion (to start a watch)."""
+        data = await self.request("GET", self._slices_path(), query=self._slice_selector(node_name, driver))
+        items = [i for i in data.get("items", []) if isinstance(i, dict)]
+        return items, str(data.get("metadata", {}).get("resourceVersion", ""))
+
+    async def watch_resource_slices(
+        self, *, node_name: str, driver: str, resource_version: str, timeout_seconds: int = 300
+    ) -> AsyncIterator[WatchEvent]:
+        """Stream watch events from `resource_version`; ends when the server closes the watch.
+
+        An ERROR event raises `KubeApiError` with its code (410 when the version is too old).
+        """
+        query = [
+            *self._slice_selector(node_name, driver),
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("resourceVersion", resource_version),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        path = self._slices_path()
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self._timeout, sock_read=timeout_seconds + 30
+        )
+        response = await self._open("GET", path, query=query, timeout=timeout)
+        try:
+            if not 200 <= response.status <= 299:
+                try:
+                    data = json.loads(await response.read() or b"{}")
+                except (ValueError, aiohttp.ClientError, TimeoutError, OSError):
+                    data = {}
+                raise _api_error("WATCH", path, response.status, data)
+            buffer = b""
+            try:
+                async for chunk in response.content.iter_any():
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        if line.strip():
+                            yield _watch_event(path, line)
+            except (aiohttp.ClientError, TimeoutError, OSError) as error:
+                raise KubeApiError(
+                    f"WATCH {path}: connection lost: {type(error).__name__}: {error}"
+                ) from error
+            if buffer.strip():
+                yield _watch_event(path, buffer)
+        finally:
+            response.release()
+
+    async def create_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.request("POST", self._slices_path(), body=dict(body))
+
+    async def update_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Replace a slice; its ``metadata.resourceVersion`` makes a stale update fail with 409."""
+        name = str(body["metadata"]["name"])
+        return await self.request("PUT", self._slices_path(name), body=dict(body))
+
+    async def delete_resource_slice(self, name: str, *, uid: str = "", resource_version: str = "") -> bool:
+        """Delete a slice with preconditions; False when it was already gone."""
+        return await self._delete(self._slices_path(name), uid=uid, resource_version=resource_version)
+
+    async def _delete(self, path: str, *, uid: str = "", resource_version: str = "") -> bool:
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        if preconditions:
+            body["preconditions"] = preconditions
+        try:
+            await self.request("DELETE", path, body=body)
+        except KubeApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    # ----- ResourceClaims -----------------------------------------------------------------
+
+    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The claim in v1 shape (implements `agent.claims.preparer.ClaimSource`); 404 when absent."""
+        path = f"/apis/{RESOURCE_GROUP}/{self.slice_version}/namespaces/{namespace}/resourceclaims/{name}"
+        claim = await self.request("GET", path)
+        return claim_to_v1(claim) if self.slice_version == "v1beta1" else claim
+
+    # ----- DeviceTaintRules ---------------------------------------------------------------
+
+    def _rules_path(self, name: str = "") -> str:
+        version = self.info.taint_rule_version
+        if version is None:
+            raise KubeApiError(
+                "the API server does not serve DeviceTaintRules (enable the DRADeviceTaintRules feature "
+                f"gate and --runtime-config={RESOURCE_GROUP}/v1alpha3=true)",
+                404,
+                "NotFound",
+            )
+        path = f"/apis/{RESOURCE_GROUP}/{version}/devicetaintrules"
+        return f"{path}/{name}" if name else path
+
+    async def list_device_taint_rules(self, label_selector: str = "") -> list[dict[str, Any]]:
+        query = [("labelSelector", label_selector)] if label_selector else []
+        data = await self.request("GET", self._rules_path(), query=query)
+        return [i for i in data.get("items", []) if isinstance(i, dict)]
+
+    async def create_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        rule = {"apiVersion": f"{RESOURCE_GROUP}/{self.info.taint_rule_version}", "kind": "DeviceTaintRule"}
+        return await self.request("POST", self._rules_path(), body={**rule, **body})
+
+    async def update_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        rule = {"apiVersion": f"{RESOURCE_GROUP}/{self.info.taint_rule_version}", "kind": "DeviceTaintRule"}
+        name = str(body["metadata"]["name"])
+        return await self.request("PUT", self._rules_path(name), body={**rule, **body})
+
+    async def delete_device_taint_rule(self, name: str, *, uid: str = "", resource_version: str = "") -> bool:
+        return await self._delete(self._rules_path(name), uid=uid, resource_version=resource_version)
+
+
+def _api_error(method: str, path: str, status: int, data: Any) -> KubeApiError:
+    message = str(data.get("message", "")) if isinstance(data, dict) else ""
+    reason = str(data.get("reason", "")) if isinstance(data, dict) else ""
+    hint = {
+        401: " (the credentials were refused: check the token or kubeconfig)",
+        403: " (RBAC: grant the agent's service account this verb; see deploy/)",
+    }.get(status, "")
+    return KubeApiError(f"{method} {path}: {status} {reason or 'error'}: {message}{hint}", status, reason)
+
+
+def _watch_event(path: str, line: bytes) -> WatchEvent:
+    try:
+        data = json.loads(line)
+    except ValueError as error:
+        raise KubeApiError(f"WATCH {path}: undecodable event: {line[:100]!r}") from error
+    kind = str(data.get("type", ""))
+    obj = data.get("object") if isinstance(data.get("object"), dict) else {}
+    if kind == "ERROR":
+        status = int(obj.get("code", 0) or 0)
+        raise KubeApiError(
+            f"WATCH {path}: {status} {obj.get('reason', '')}: {obj.get('message', '')}",
+            status,
+            str(obj.get("reason", "")),
+        )
+    return WatchEvent(kind, obj)

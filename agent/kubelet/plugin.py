@@ -1,0 +1,225 @@
+"""Serving one driver to the kubelet: the DRA socket, then the registration socket.
+
+The DRA socket (``<plugins_dir>/<driver>/dra.sock``) carries the v1 and v1beta1 DRA services and
+the resource-health stream on one grpclib server; it listens before the registration socket
+(``<registry_dir>/<driver>-reg.sock``) appears, because the kubelet dials the DRA endpoint as
+soon as it registers the plugin. With a pod UID (rolling updates, Kubernetes 1.33+) the names
+carry it, so a new agent pod can serve next to the old one. Stale socket files are removed
+before binding and ours are removed on shutdown: the kubelet deregisters a plugin when its
+registration socket disappears, and grpclib leaves the files behind on Python 3.11.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+import stat
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import grpclib.const
+import grpclib.server
+from anyio.abc import TaskStatus
+from grpclib import GRPCError
+from grpclib.const import Status
+from grpclib.protocol import H2Protocol
+from grpclib.server import Server
+
+from agent.claims.preparer import ClaimPreparer
+from agent.core.clock import Clock, SystemClock
+from agent.core.errors import AgentError
+from agent.core.inventory import Inventory
+from agent.core.logs import log_fields
+from agent.kubelet._protos import pluginregistration as pb_reg
+from agent.kubelet.draservice import DRAPluginV1, DRAPluginV1Beta1, DRAService
+from agent.kubelet.healthservice import (
+    DEFAULT_HEALTH_CHECK_TIMEOUT,
+    DEFAULT_HEARTBEAT_INTERVAL,
+    HealthService,
+)
+from agent.kubelet.registration import SUPPORTED_SERVICES, ReadinessCallback, RegistrationService
+from agent.observe.metrics import Metrics
+
+log = logging.getLogger("agent.kubelet.plugin")
+
+# Services a kubelet may call that we do not serve. Without a handler grpclib answers a
+# trailers-only reply without content-type, which grpc-go (the kubelet) reports as Unknown
+# instead of Unimplemented.
+UNSERVED_METHODS = (
+    "/v1alpha3.Node/NodePrepareResources",  # v1alpha4 API (1.31-1.33); we advertise v1beta1 and v1
+    "/v1alpha3.Node/NodeUnprepareResources",
+    "/v1.DRAResourceHealth/NodeWatchResources",  # health v1 (1.37 development)
+)
+SHUTDOWN_TIMEOUT = 5.0
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, including the terminating NUL
+
+
+class _ClosingServer(Server):
+    """A grpclib server that also closes its accepted connections when stopped.
+
+    grpclib's `Server.close` cancels running requests but leaves client connections open (and
+    Python 3.11 has no `close_clients`); a kubelet still connected to a stopped server would keep
+    talking to it instead of reconnecting to the new one.
+    """
+
+    def __init__(self, handlers: Sequence[Any]) -> None:
+        super().__init__(handlers)
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self._protocols.add(protocol)
+        return protocol
+
+    def close_connections(self) -> None:
+        for protocol in list(self._protocols):
+            connection = getattr(protocol, "connection", None)
+            if connection is not None:
+                connection.close()
+
+
+class SocketError(AgentError):
+    """A socket path cannot be used."""
+
+
+class UnservedMethods:
+    """Answers UNIMPLEMENTED (with a proper gRPC reply) on methods we know but do not serve."""
+
+    def __init__(self, paths: Sequence[str] = UNSERVED_METHODS) -> None:
+        self.paths = tuple(paths)
+
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        return {
+            path: grpclib.const.Handler(
+                functools.partial(_unimplemented, path),
+                grpclib.const.Cardinality.UNARY_UNARY,
+                pb_reg.InfoRequest,
+                pb_reg.InfoRequest,
+            )
+            for path in self.paths
+        }
+
+
+async def _unimplemented(path: str, stream: grpclib.server.Stream[object, object]) -> None:
+    raise GRPCError(Status.UNIMPLEMENTED, f"{path} is not served by this plugin")
+
+
+def socket_paths(driver: str, plugins_dir: Path, registry_dir: Path, pod_uid: str = "") -> tuple[Path, Path]:
+    """``(dra_socket, registration_socket)`` of a driver, as the kubelet's Go helper names them."""
+    data_dir = plugins_dir / driver
+    if pod_uid:
+        return data_dir / f"dra-{pod_uid}.sock", registry_dir / f"{driver}-{pod_uid}-reg.sock"
+    return data_dir / "dra.sock", registry_dir / f"{driver}-reg.sock"
+
+
+def remove_stale_socket(path: Path) -> None:
+    """Remove a leftover file at `path` before binding; refuse to delete a directory."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        raise SocketError(f"{path} is a directory; remove it so the agent can create its socket there")
+    log.info("removing stale socket file", extra=log_fields(path=str(path)))
+    path.unlink(missing_ok=True)
+
+
+def _prepare_socket_path(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_socket(path)
+
+
+class KubeletPlugin:
+    """One driver's kubelet-facing gRPC endpoints; `run` serves them until cancelled."""
+
+    def __init__(
+        self,
+        driver: str,
+        preparer: ClaimPreparer,
+        inventory: Inventory,
+        *,
+        plugins_dir: Path,
+        registry_dir: Path,
+        pod_uid: str = "",
+        pool: str = "",
+        metrics: Metrics | None = None,
+        readiness_callback: ReadinessCallback | None = None,
+        clock: Clock | None = None,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        health_check_timeout: int = DEFAULT_HEALTH_CHECK_TIMEOUT,
+        supported_services: Sequence[str] = SUPPORTED_SERVICES,
+    ) -> None:
+        self.driver = driver
+        self.dra_socket, self.registration_socket = socket_paths(
+            driver, plugins_dir.absolute(), registry_dir.absolute(), pod_uid
+        )
+        for path in (self.dra_socket, self.registration_socket):
+            if len(str(path).encode()) > MAX_SOCKET_PATH:
+                raise SocketError(
+                    f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes; use shorter directories"
+                )
+        if not pool:
+            # The pool is the node name by convention; the host name is the usual node name.
+            pool = socket.gethostname().lower()
+            log.warning(
+                "no pool name given; using the host name for the health stream",
+                extra=log_fields(driver=driver, pool=pool),
+            )
+        self.dra = DRAService(driver, preparer, metrics=metrics)
+        self.health = HealthService(
+            inventory,
+            pool=pool,
+            clock=clock if clock is not None else SystemClock(),
+            metrics=metrics,
+            heartbeat_interval=heartbeat_interval,
+            health_check_timeout=health_check_timeout,
+        )
+        self.registration = RegistrationService(
+            driver,
+            str(self.dra_socket),
+            supported_services=supported_services,
+            metrics=metrics,
+            readiness_callback=readiness_callback,
+        )
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve the DRA socket, then the registration socket; clean both up when cancelled."""
+        dra_server = _ClosingServer(
+            [DRAPluginV1(self.dra), DRAPluginV1Beta1(self.dra), self.health, UnservedMethods()]
+        )
+        reg_server = _ClosingServer([self.registration])
+        started: list[tuple[_ClosingServer, Path]] = []
+        try:
+            for server, path in ((dra_server, self.dra_socket), (reg_server, self.registration_socket)):
+                await anyio.to_thread.run_sync(_prepare_socket_path, path)
+                await server.start(path=str(path))
+                started.append((server, path))
+                log.info("serving kubelet socket", extra=log_fields(driver=self.driver, path=str(path)))
+            task_status.started()
+            await anyio.sleep_forever()
+        finally:
+            with anyio.CancelScope(shield=True):
+                # Registration first: the kubelet deregisters before the DRA socket goes away.
+                for server, path in reversed(started):
+                    await _stop(server, path)
+
+    @property
+    def registered(self) -> bool | None:
+        """None until the kubelet answered, then whether it accepted the registration."""
+        return self.registration.registered
+
+
+async def _stop(server: _ClosingServer, path: Path) -> None:
+    server.close()  # stops listening and cancels running requests
+    # Close the connections too: on Python 3.12+ `wait_closed` waits for them.
+    server.close_connections()
+    with anyio.move_on_after(SHUTDOWN_TIMEOUT) as scope:
+        await server.wait_closed()
+    if scope.cancelled_caught:
+        log.warning("gRPC server did not close in time", extra=log_fields(path=str(path)))
+    await anyio.Path(path).unlink(missing_ok=True)
+    log.info("removed kubelet socket", extra=log_fields(path=str(path)))

@@ -1,0 +1,169 @@
+"""Telemetry poller: reads a backend's device counters on an interval into the Prometheus gauges.
+
+The backend does its vendor calls in a worker thread, so a slow read delays only the next read,
+never a prepare call. Gauges carry ``driver, pool, device, uuid, pci_bus_id, product`` (pool =
+node name; the rest from the inventory's `Device`). A field the device cannot report (None)
+has no series rather than a stale one; series of vanished devices are removed; when a read
+fails, the driver's telemetry series are removed too (stale figures mislead more than gaps).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from prometheus_client import Gauge
+
+from agent.core.backend import Backend, DeviceTelemetry, HealthEvent, HealthSink
+from agent.core.clock import Clock, SystemClock
+from agent.core.inventory import Inventory
+from agent.core.logs import log_fields
+from agent.observe.metrics import HEALTH_LABELS, Metrics
+from agent.observe.readiness import Readiness
+
+log = logging.getLogger("agent.observe.telemetry")
+
+LabelValues = tuple[str, str, str, str, str, str]
+FAILURES_BEFORE_NOT_READY = 3
+
+
+def _fields(metrics: Metrics) -> tuple[tuple[Gauge, Callable[[DeviceTelemetry], float | None]], ...]:
+    return (
+        (metrics.gpu_utilization, lambda t: t.utilization_ratio),
+        (metrics.memory_used, lambda t: t.memory_used_bytes),
+        (metrics.memory_total, lambda t: t.memory_total_bytes),
+        (metrics.temperature, lambda t: t.temperature_celsius),
+        (metrics.power, lambda t: t.power_watts),
+        (metrics.ecc_corrected, lambda t: t.ecc_corrected_total),
+        (metrics.ecc_uncorrected, lambda t: t.ecc_uncorrected_total),
+        (metrics.last_error_code, lambda t: t.last_error_code),
+    )
+
+
+def update_device_counts(metrics: Metrics, inventory: Inventory) -> None:
+    """Set `metrics.devices` for the inventory's driver: devices by health (all labels, zeros too)."""
+    counts = dict.fromkeys(HEALTH_LABELS, 0)
+    for device in inventory.devices():
+        counts[device.health.status.value.lower()] += 1
+    for health, count in counts.items():
+        metrics.devices.labels(inventory.driver, health).set(count)
+
+
+def monitor_seen_sink(sink: HealthSink, metrics: Metrics, driver: str, clock: Clock) -> HealthSink:
+    """Wrap a health sink so each event marks the monitor as answering (``monitor_last_seen``).
+
+    (The health tracker counts ``health_events`` itself; this only stamps the time.)
+    """
+
+    async def handle(event: HealthEvent) -> None:
+        metrics.monitor_last_seen.labels(driver).set(clock.time())
+        await sink(event)
+
+    return handle
+
+
+class TelemetryPoller:
+    """Polls one backend's telemetry into `Metrics`; `run` until cancelled."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        inventory: Inventory,
+        metrics: Metrics,
+        *,
+        node_name: str,
+        interval: float = 10.0,
+        clock: Clock | None = None,
+        readiness: Readiness | None = None,
+    ) -> None:
+        self.backend = backend
+        self.inventory = inventory
+        self.metrics = metrics
+        self.node_name = node_name
+        self.interval = interval
+        self.clock = clock or SystemClock()
+        self.readiness = readiness
+        self.failures = 0
+        self._series: dict[Gauge, set[LabelValues]] = {}
+        self._fields = _fields(metrics)
+        metrics.init_driver(backend.driver_name)
+        if readiness is not None:
+            readiness.expect(self.check)
+
+    @property
+    def check(self) -> str:
+        """The readiness check this poller sets: ``monitor/<driver>``."""
+        return f"monitor/{self.backend.driver_name}"
+
+    async def run(self) -> None:
+        """Poll every `interval` seconds until cancelled; a failed read is logged and retried."""
+        while True:
+            await self.poll_once()
+            await self.clock.sleep(self.interval)
+
+    async def poll_once(self) -> bool:
+        """Read the telemetry once and update the gauges; False when the read failed."""
+        driver = self.backend.driver_name
+        update_device_counts(self.metrics, self.inventory)
+        started = self.clock.monotonic()
+        try:
+            readings = await self.backend.telemetry()
+        except Exception as error:
+            self.failures += 1
+            self.metrics.telemetry_errors.labels(driver).inc()
+            self._replace_series({})
+            log.warning(
+                "telemetry read failed",
+                extra=log_fields(
+                    driver=driver, error=f"{type(error).__name__}: {error}", failures=self.failures
+                ),
+            )
+            if self.readiness is not None and self.failures >= FAILURES_BEFORE_NOT_READY:
+                self.readiness.set(
+                    self.check, False, f"{self.failures} telemetry reads failed in a row: {error}"
+                )
+            return False
+        finally:
+            self.metrics.telemetry_read_seconds.labels(driver).observe(self.clock.monotonic() - started)
+        self.failures = 0
+        # A successful read shows the vendor library answers.
+        self.metrics.monitor_last_seen.labels(driver).set(self.clock.time())
+        if self.readiness is not None:
+            self.readiness.set(self.check, True)
+        self._replace_series(self._values(readings))
+        return True
+
+    def _values(self, readings: Sequence[DeviceTelemetry]) -> dict[Gauge, dict[LabelValues, float]]:
+        devices = {d.name: d for d in self.inventory.devices()}
+        values: dict[Gauge, dict[LabelValues, float]] = {gauge: {} for gauge, _ in self._fields}
+        for reading in readings:
+            device = devices.get(reading.device)
+            if device is None:
+                # Telemetry of a device not (or no longer) published: no labels to give it.
+                log.debug(
+                    "telemetry for an unknown device ignored",
+                    extra=log_fields(driver=self.backend.driver_name, device=reading.device),
+                )
+                continue
+            labels: LabelValues = (
+                self.backend.driver_name,
+                self.node_name,
+                device.name,
+                device.uuid,
+                device.pci_bus_id,
+                device.product,
+            )
+            for gauge, read in self._fields:
+                value = read(reading)
+                if value is not None:
+                    values[gauge][labels] = float(value)
+        return values
+
+    def _replace_series(self, values: dict[Gauge, dict[LabelValues, float]]) -> None:
+        for gauge, _ in self._fields:
+            current = values.get(gauge, {})
+            for labels in self._series.get(gauge, set()) - current.keys():
+                gauge.remove(*labels)
+            for labels, value in current.items():
+                gauge.labels(*labels).set(value)
+            self._series[gauge] = set(current)
