@@ -159,6 +159,25 @@ class Backend(Protocol):
         ...
 
 
+@runtime_checkable
+class ReportsConditions(Protocol):
+    """Optional for a `Backend`: it names the health conditions it can report.
+
+    The core creates those ``dra_agent_health_events_total`` series at 0 at start, so the first
+    event of each shows in ``increase()``; a backend without it gets a series at each first event.
+    """
+
+    @property
+    def health_conditions(self) -> Sequence[str]:
+        """The ``condition`` names the backend's `HealthEvent`s can carry."""
+        ...
+
+
+def declared_conditions(backend: Backend) -> tuple[str, ...]:
+    """The health conditions `backend` declares (`ReportsConditions`); none when it declares none."""
+    return tuple(backend.health_conditions) if isinstance(backend, ReportsConditions) else ()
+
+
 @dataclass(frozen=True)
 class BackendOptions:
     """What a backend factory gets: the node, an optional driver name and its own settings."""

@@ -110,6 +110,8 @@ class ActiveFault:
 class FakeBackend:
     """A `Backend` serving one driver's devices from a profile."""
 
+    health_conditions = tuple(CONDITIONS)  # injected others get their series at their first event
+
     def __init__(
         self,
         driver_name: str,

@@ -18,7 +18,7 @@ from agent.core.logs import log_fields
 from agent.core.model import Device, check_driver_name
 from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
 from backends.nvidia.edits import CDI_MODES, EditsConfig, container_edits, driver_mounts, resolve_dev_root
-from backends.nvidia.health import HealthMonitor, HealthState, XidPolicy
+from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState, XidPolicy
 from backends.nvidia.nvml import Nvml, load_pynvml
 from backends.nvidia.telemetry import read_telemetry_sync
 
@@ -51,6 +51,8 @@ def _float_setting(settings: Mapping[str, str], key: str, default: float, minimu
 
 class NvidiaBackend:
     """NVIDIA GPUs and MIG devices: discovery, health, CDI edits and telemetry through NVML."""
+
+    health_conditions = CONDITIONS
 
     def __init__(
         self,
