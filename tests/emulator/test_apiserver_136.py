@@ -23,10 +23,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import pytest
 
 from agent.emulator import KubeApiEmulator
+from tests.emulator.conftest import send
 
 DRIVER = "gpu.example.com"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -588,26 +588,6 @@ async def emu136() -> AsyncIterator[KubeApiEmulator]:
     """A 1.36 emulator with every DRA gate on, as the real server of the measurement."""
     async with KubeApiEmulator(version="1.36", feature_gates=ALL_DRA_GATES) as emulator:
         yield emulator
-
-
-async def send(
-    emu: KubeApiEmulator,
-    method: str,
-    path: str,
-    body: Any = None,
-    *,
-    query: dict[str, str] | None = None,
-    content_type: str = "application/json",
-) -> tuple[int, dict[str, Any], str]:
-    """One raw HTTP request: status, decoded body and the Warning header."""
-    data = body if isinstance(body, str) or body is None else json.dumps(body)
-    async with (
-        aiohttp.ClientSession() as session,
-        session.request(
-            method, emu.url + path, data=data, params=query or {}, headers={"Content-Type": content_type}
-        ) as response,
-    ):
-        return response.status, await response.json(), response.headers.get("Warning", "")
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[f"{r.case}[{r.rule.split(':')[0]}]" for r in ROWS])
