@@ -49,6 +49,8 @@ MAX_CONSUMES_COUNTERS = 2
 MAX_COUNTERS_PER_CONSUMPTION = 32
 #: ``CapacityRequestPolicyDiscreteMaxOptions``.
 MAX_VALID_VALUES = 10
+#: ``ResourceSliceMaxAttributeValuesPerDevice``: list items count one by one.
+MAX_ATTRIBUTE_VALUES = 48
 #: The list-valued attribute fields of ``DRAListTypeAttributes`` (1.36).
 LIST_ATTRIBUTE_FIELDS = ("bools", "ints", "strings", "versions")
 _NODE_CHOICES = "`nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection`"
@@ -92,7 +94,7 @@ def _pool(pool: object) -> list[Cause]:
         out.append(invalid("spec.pool.resourceSliceCount", count, "must be greater than zero"))
     generation = pool.get("generation", 0)
     if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
-        out.append(invalid("spec.pool.generation", generation, "must be greater than or equal to 0"))
+        out.append(invalid("spec.pool.generation", generation, "must be greater than or equal to zero"))
     return out
 
 
@@ -208,6 +210,13 @@ def _device(path: str, device: JSON, old: JSON | None, per_device: bool, rules: 
                 f"{MAX_ATTRIBUTES_AND_CAPACITIES}",
             )
         )
+    values = sum(_value_count(a) for a in attributes.values())
+    if values > MAX_ATTRIBUTE_VALUES:
+        out.append(
+            invalid(
+                path, values, f"the total number of attribute values must not exceed {MAX_ATTRIBUTE_VALUES}"
+            )
+        )
     for name, attribute in attributes.items():
         out += attribute_name(f"{path}.attributes", name)
         out += _attribute(f"{path}.attributes[{name}]", attribute)
@@ -230,6 +239,14 @@ def _device(path: str, device: JSON, old: JSON | None, per_device: bool, rules: 
     out += _device_node_selection(path, device, per_device)
     out += binding_parameters(path, device.get("bindingConditions"), device.get("bindingFailureConditions"))
     return out
+
+
+def _value_count(attribute: object) -> int:
+    """``numEntriesDeviceAttribute``: a scalar counts once, a list by its items."""
+    if not isinstance(attribute, dict):
+        return 1
+    items = sum(len(attribute[k]) for k in LIST_ATTRIBUTE_FIELDS if isinstance(attribute.get(k), list))
+    return items or 1
 
 
 def attribute_name(path: str, name: object) -> list[Cause]:

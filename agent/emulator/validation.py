@@ -389,8 +389,6 @@ def metadata(obj: JSON, *, namespaced: bool, name_rule: str = "subdomain") -> li
         out += checker("metadata.name", name)
     if namespaced and not meta.get("namespace"):
         out.append(required("metadata.namespace"))
-    if not namespaced and meta.get("namespace"):
-        out.append(forbidden("metadata.namespace", "not allowed on this type"))
     labels = meta.get("labels") or {}
     if not isinstance(labels, dict):
         out.append(invalid("metadata.labels", labels, "must be a map of strings"))

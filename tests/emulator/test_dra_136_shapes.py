@@ -398,6 +398,19 @@ async def test_list_attributes_exist_from_1_36_behind_their_gate(
     assert answer in caught.value.message
 
 
+async def test_list_items_count_toward_48_attribute_values() -> None:
+    async with KubeApiEmulator(version="1.36", feature_gates={"DRAListTypeAttributes": True}) as emu:
+        fits = {"l": {"ints": list(range(47))}, "x": {"int": 1}}
+        emu.create("resourceslices", _slice("ok", [{"name": "d", "attributes": fits}]))
+        with pytest.raises(ApiError) as caught:
+            emu.create(
+                "resourceslices", _slice("s", [{"name": "d", "attributes": {**fits, "y": {"int": 2}}}])
+            )
+    assert caught.value.details["causes"][0]["message"] == (
+        "Invalid value: 49: the total number of attribute values must not exceed 48"
+    )
+
+
 @pytest.mark.parametrize(
     ("release", "gates", "kept"),
     [
