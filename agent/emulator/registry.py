@@ -25,6 +25,7 @@ from agent.emulator.resources import (
     RESOURCE_TYPES,
     ResourceType,
     dra_versions,
+    minor_of,
 )
 from agent.emulator.schema import prune_unknown, type_error
 from agent.emulator.selectors import matcher
@@ -61,14 +62,8 @@ _GATES_1_36: Mapping[str, bool] = {
 
 
 def default_gates(release: str) -> dict[str, bool]:
-    """The feature gates a release has on by default (1.32 has no device taints at all)."""
-    gates = dict(DEFAULT_GATES)
-    minor = int(release.split(".")[1])
-    if minor >= 36:
-        gates.update(_GATES_1_36)
-    if minor <= 32:
-        gates["DRADeviceTaints"] = False
-    return gates
+    """The feature gates a release has on by default."""
+    return {**DEFAULT_GATES, **(_GATES_1_36 if minor_of(release) >= 36 else {})}
 
 
 _PARTITIONABLE_DEVICE_FIELDS = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
@@ -548,9 +543,10 @@ class Registry:
                 f"the kind in the data ({body['kind']}) does not match the expected kind ({rtype.kind})"
             )
         body = clone(body)  # the only copy: pruning and conversion below work in place
-        minor = int(self.release.split(".")[1])
         problems = [f'duplicate field "{d}"' for d in self.duplicate_fields]
-        problems += [f'unknown field "{u}"' for u in prune_unknown(rtype, version, body, minor)]
+        problems += [
+            f'unknown field "{u}"' for u in prune_unknown(rtype, version, body, minor_of(self.release))
+        ]
         if problems and self.field_validation == "Strict":
             raise bad_request(
                 f'{rtype.kind} in version "{version}" cannot be handled as a {rtype.kind}: '

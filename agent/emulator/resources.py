@@ -55,7 +55,7 @@ class ResourceType:
     def served_in(self, version: str, release: str) -> bool:
         """Whether a release serves this resource in a version."""
         first = self.added_in.get(version)
-        return version in self.versions and (first is None or _minor(release) >= _minor(first))
+        return version in self.versions and (first is None or minor_of(release) >= minor_of(first))
 
     @property
     def group_resource(self) -> str:
@@ -201,7 +201,8 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
 )
 
 
-def _minor(release: str) -> int:
+def minor_of(release: str) -> int:
+    """The minor version of a release (36 for ``1.36``)."""
     return int(release.split(".")[1])
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.core.quantity import Quantity
 from agent.emulator.errors import Cause
+from agent.emulator.resources import minor_of
 
 JSON = dict[str, Any]
 
@@ -275,7 +276,6 @@ def _uuid_problem(text: str) -> str:
 
 
 _HEX = re.compile(r"^[0-9a-fA-F]{32}$")
-_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
 
 def node_selector(path: str, selector: object) -> list[Cause]:
@@ -358,7 +358,7 @@ class Rules:
     @property
     def minor(self) -> int:
         """The minor release number (34 for 1.34)."""
-        return int(self.release.split(".")[1])
+        return minor_of(self.release)
 
     @property
     def max_taints(self) -> int:
