@@ -32,6 +32,7 @@ from agent.emulator.validation import (
     driver_name,
     duplicate,
     forbidden,
+    immutable,
     invalid,
     node_selector,
     pool_name,
@@ -65,7 +66,7 @@ def resource_slice(obj: JSON, old: JSON | None, rules: Rules) -> list[Cause]:
     spec = obj.get("spec")
     if not isinstance(spec, dict):
         return [required("spec")]
-    old_spec = (old or {}).get("spec") if old is not None else None
+    old_spec = old.get("spec") if old is not None else None
     out: list[Cause] = []
     out += driver_name("spec.driver", spec.get("driver"))
     out += _pool(spec.get("pool"))
@@ -101,11 +102,10 @@ def _pool(pool: object) -> list[Cause]:
 def _immutable_fields(spec: JSON, old: JSON) -> list[Cause]:
     out: list[Cause] = []
     if (spec.get("pool") or {}).get("name") != (old.get("pool") or {}).get("name"):
-        out.append(invalid("spec.pool.name", (spec.get("pool") or {}).get("name"), "field is immutable"))
-    if spec.get("driver") != old.get("driver"):
-        out.append(invalid("spec.driver", spec.get("driver"), "field is immutable"))
-    if spec.get("nodeName") != old.get("nodeName"):
-        out.append(invalid("spec.nodeName", spec.get("nodeName"), "field is immutable"))
+        out.append(immutable("spec.pool.name", (spec.get("pool") or {}).get("name")))
+    for key in ("driver", "nodeName"):
+        if spec.get(key) != old.get(key):
+            out.append(immutable(f"spec.{key}", spec.get(key)))
     return out
 
 
