@@ -20,7 +20,7 @@ DRIVER = "gpu.example.com"
 UID = "bd80ea5b-cb0f-4c39-856c-eebb7523d197"
 
 
-def _slice(devices: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+def _slice(devices: list[dict[str, Any]] | None, **spec: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "driver": DRIVER,
         "nodeName": "node-a",
