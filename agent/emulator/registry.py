@@ -379,6 +379,8 @@ class Registry:
                 new["status"] = obj["status"]
             else:
                 new.pop("status", None)
+            if "managedFields" in meta:  # an apply to status records its manager too
+                new["metadata"]["managedFields"] = meta["managedFields"]
         else:
             new = obj
             for field in (

@@ -103,6 +103,34 @@ async def test_the_same_value_from_two_appliers_is_shared(emu: KubeApiEmulator) 
     assert code == 200 and {m["manager"] for m in answer["metadata"]["managedFields"]} == {"a", "b"}
 
 
+async def test_apply_to_status_owns_only_status(emu: KubeApiEmulator) -> None:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+    }
+    path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c"
+    code, _, _ = await send(
+        emu, "PATCH", f"{path}/status", yaml.safe_dump(claim), query={"fieldManager": "d"}, content_type=APPLY
+    )
+    assert code == 404
+    await send(emu, "POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", claim)
+    result = {"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": "gpu-0"}
+    status = {**claim, "status": {"allocation": {"devices": {"results": [result]}}}}
+    code, answer, _ = await send(
+        emu,
+        "PATCH",
+        f"{path}/status",
+        yaml.safe_dump(status),
+        query={"fieldManager": "d"},
+        content_type=APPLY,
+    )
+    assert code == 200 and answer["status"]["allocation"]["devices"]["results"] == [result]
+    (entry,) = answer["metadata"]["managedFields"]
+    assert entry["subresource"] == "status" and list(entry["fieldsV1"]) == ["f:status"]
+
+
 async def test_apply_needs_a_field_manager_and_a_matching_name(emu: KubeApiEmulator) -> None:
     code, answer, _ = await send(emu, "PATCH", f"{PATH}/s", _config(["gpu-0"]), content_type=APPLY)
     assert code == 422
