@@ -27,7 +27,7 @@ def test_reads_up_to_the_limit_and_no_further(tmp_path: Path) -> None:
     path.write_bytes(b"x" * 10)
     assert read_bytes(path, max_bytes=10) == b"x" * 10
     with pytest.raises(BoundedFileError) as caught:
-        read_bytes(path, max_bytes=9, what="a YAML taint policy")
+        read_bytes(path, max_bytes=9, what="YAML taint policy")
     assert caught.value.reason == "too_large"
     assert str(caught.value) == (
         f"file {path}: larger than 9 bytes; expected a YAML taint policy of at most 9 bytes"
@@ -35,9 +35,10 @@ def test_reads_up_to_the_limit_and_no_further(tmp_path: Path) -> None:
 
 
 def test_unreadable_file_names_the_cause(tmp_path: Path) -> None:
-    with pytest.raises(BoundedFileError, match=r"cannot read it \(No such file or directory\)") as caught:
-        read_bytes(tmp_path / "missing", max_bytes=10)
+    with pytest.raises(BoundedFileError) as caught:
+        read_bytes(tmp_path / "missing", max_bytes=10, what="kubeconfig")
     assert caught.value.reason == "unreadable"
+    assert caught.value.detail == "a readable kubeconfig; it is unreadable (No such file or directory)"
     with pytest.raises(BoundedFileError, match="Is a directory"):
         read_bytes(tmp_path, max_bytes=10)
 
@@ -46,7 +47,7 @@ def test_binary_garbage_is_not_utf8(tmp_path: Path) -> None:
     path = tmp_path / "garbage"
     path.write_bytes(b"ok\n\xb8\x00\xff")
     with pytest.raises(BoundedFileError) as caught:
-        read_text(path, max_bytes=KIB, what="a kubeconfig")
+        read_text(path, max_bytes=KIB, what="kubeconfig")
     assert caught.value.reason == "not_utf8"
     assert str(caught.value) == (
         f"file {path}: not UTF-8 text (byte 3 is 0xb8); expected a kubeconfig in UTF-8"
@@ -74,7 +75,7 @@ def test_json_depth_counts_brackets_outside_strings_only() -> None:
 def test_deeply_nested_json_is_refused_before_the_parser_recurses() -> None:
     text = "[" * 200_000 + "]" * 200_000  # json.loads alone raises RecursionError on this
     with pytest.raises(BoundedFileError) as caught:
-        parse_json(text, "deep.json", what="a checkpoint")
+        parse_json(text, "deep.json", what="checkpoint")
     assert caught.value.reason == "too_deep"
     assert str(caught.value) == (
         "file deep.json: nested more than 64 levels deep; expected a checkpoint nested at most 64 levels"
@@ -111,7 +112,7 @@ def test_yaml_at_the_depth_limit_loads() -> None:
 
 def test_invalid_yaml_names_the_line() -> None:
     with pytest.raises(BoundedFileError) as caught:
-        parse_yaml("a: 1\nb: [c\nd: e\n", "bad.yaml", what="a YAML taint policy")
+        parse_yaml("a: 1\nb: [c\nd: e\n", "bad.yaml", what="YAML taint policy")
     assert caught.value.reason == "invalid"
     assert "not valid YAML at line 3" in str(caught.value)
     assert str(caught.value).endswith("expected a YAML taint policy")

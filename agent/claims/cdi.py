@@ -189,10 +189,10 @@ class CdiSpecWriter:
         Raises `agent.core.boundedfile.BoundedFileError` (unreadable, too large, not UTF-8, bad JSON).
         """
         path = self.spec_path(claim_uid)
-        text = read_text(path, max_bytes=MAX_SPEC_BYTES, what="a CDI spec")
+        text = read_text(path, max_bytes=MAX_SPEC_BYTES, what="CDI spec")
         for line in text.splitlines():
             if line.startswith(RECORD_PREFIX):
-                return parse_json(line[len(RECORD_PREFIX) :], path, what="a claim record comment")
+                return parse_json(line[len(RECORD_PREFIX) :], path, what="claim record comment")
         return None
 
     def remove_claim_spec(self, claim_uid: str) -> bool:

@@ -155,7 +155,7 @@ def entry_from_json(uid: str, raw: Mapping[str, Any]) -> ClaimEntry:
 def decode(raw: bytes, path: Path | str = CHECKPOINT_FILE) -> CheckpointData:
     """Parse and verify file content; raises `CheckpointCorruptError` with the reason."""
     try:
-        doc = parse_json(decode_utf8(path, raw, what="a checkpoint"), path, what="a checkpoint")
+        doc = parse_json(decode_utf8(path, raw, what="checkpoint"), path, what="checkpoint")
     except BoundedFileError as error:
         raise CheckpointCorruptError(f"{error.problem}", "invalid_json") from None
     if not isinstance(doc, dict):
@@ -201,7 +201,7 @@ class LoadOutcome:
 def load_checkpoint(path: Path, now: float | None = None) -> LoadOutcome:
     """Read the checkpoint; a bad file is renamed ``<name>.corrupt-<unix ts>[-<n>]`` (blocking)."""
     try:
-        raw = read_bytes(path, max_bytes=MAX_CHECKPOINT_BYTES, what="a checkpoint")
+        raw = read_bytes(path, max_bytes=MAX_CHECKPOINT_BYTES, what="checkpoint")
     except BoundedFileError as error:
         if not path.exists() and not path.is_symlink():
             return LoadOutcome(data=None)

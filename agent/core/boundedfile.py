@@ -33,8 +33,9 @@ _JSON_BRACKET = re.compile(r"[\[\]{}]")
 class BoundedFileError(AgentError):
     """A file cannot be used: unreadable, over its size limit, not UTF-8, nested too deep or not parsable.
 
-    `problem` says what was found, `accepted` what the agent accepts, `reason` is a short label
-    (``unreadable``, ``too_large``, ``not_utf8``, ``too_deep``, ``invalid``) for metrics.
+    `problem` says what the file is (``larger than 1 MiB``), `accepted` what the agent accepts
+    (``a YAML file of at most 1 MiB``), `reason` is a short label (``unreadable``, ``too_large``,
+    ``not_utf8``, ``too_deep``, ``invalid``) for metrics.
     """
 
     def __init__(self, path: Path | str, problem: str, accepted: str, reason: str) -> None:
@@ -43,6 +44,11 @@ class BoundedFileError(AgentError):
         self.accepted = accepted
         self.reason = reason
         super().__init__(f"file {self.path}: {problem}; expected {accepted}")
+
+    @property
+    def detail(self) -> str:
+        """What is accepted and what the file is, for a `ConfigError` naming the flag and the path."""
+        return f"{self.accepted}; it is {self.problem}"
 
 
 def describe_size(size: int) -> str:
@@ -54,25 +60,25 @@ def describe_size(size: int) -> str:
     return f"{size / MIB:.4g} MiB"
 
 
-def read_bytes(path: Path | str, *, max_bytes: int, what: str = "a file") -> bytes:
+def read_bytes(path: Path | str, *, max_bytes: int, what: str = "file") -> bytes:
     """At most `max_bytes` of `path`; raises `BoundedFileError` when unreadable or larger.
 
-    `what` names the expected content in the message (``a YAML taint policy``).
+    `what` names the expected content in messages, without an article (``YAML taint policy``).
     """
-    accepted = f"{what} of at most {describe_size(max_bytes)}"
     try:
         with open(path, "rb") as f:
             data = f.read(max_bytes + 1)
     except OSError as error:
         raise BoundedFileError(
-            path, f"cannot read it ({error.strerror or error})", f"a readable {what}", "unreadable"
+            path, f"unreadable ({error.strerror or error})", f"a readable {what}", "unreadable"
         ) from None
     if len(data) > max_bytes:
-        raise BoundedFileError(path, f"larger than {describe_size(max_bytes)}", accepted, "too_large")
+        size = describe_size(max_bytes)
+        raise BoundedFileError(path, f"larger than {size}", f"a {what} of at most {size}", "too_large")
     return data
 
 
-def decode_utf8(path: Path | str, data: bytes, *, what: str = "a file") -> str:
+def decode_utf8(path: Path | str, data: bytes, *, what: str = "file") -> str:
     """`data` as text; raises `BoundedFileError` naming the first bad byte's offset."""
     try:
         return data.decode("utf-8")
@@ -80,12 +86,12 @@ def decode_utf8(path: Path | str, data: bytes, *, what: str = "a file") -> str:
         raise BoundedFileError(
             path,
             f"not UTF-8 text (byte {error.start} is 0x{data[error.start]:02x})",
-            f"{what} in UTF-8",
+            f"a {what} in UTF-8",
             "not_utf8",
         ) from None
 
 
-def read_text(path: Path | str, *, max_bytes: int, what: str = "a file") -> str:
+def read_text(path: Path | str, *, max_bytes: int, what: str = "file") -> str:
     """`read_bytes` then `decode_utf8`."""
     return decode_utf8(path, read_bytes(path, max_bytes=max_bytes, what=what), what=what)
 
@@ -94,7 +100,7 @@ def _too_deep(path: Path | str, max_depth: int, what: str) -> BoundedFileError:
     return BoundedFileError(
         path,
         f"nested more than {max_depth} levels deep",
-        f"{what} nested at most {max_depth} levels",
+        f"a {what} nested at most {max_depth} levels",
         "too_deep",
     )
 
@@ -112,14 +118,14 @@ def json_depth_exceeds(text: str, max_depth: int) -> bool:
     return False
 
 
-def parse_json(text: str, path: Path | str, *, max_depth: int = MAX_DEPTH, what: str = "a JSON file") -> Any:
+def parse_json(text: str, path: Path | str, *, max_depth: int = MAX_DEPTH, what: str = "JSON file") -> Any:
     """Parse JSON `text` read from `path`; raises `BoundedFileError` (too deep or invalid)."""
     if json_depth_exceeds(text, max_depth):
         raise _too_deep(path, max_depth, what)
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
-        raise BoundedFileError(path, f"not valid JSON ({error})", what, "invalid") from None
+        raise BoundedFileError(path, f"not valid JSON ({error})", f"a {what}", "invalid") from None
 
 
 def yaml_depth_exceeds(text: str, max_depth: int) -> bool:
@@ -136,7 +142,7 @@ def yaml_depth_exceeds(text: str, max_depth: int) -> bool:
 
 
 def parse_yaml(
-    text: str, path: Path | str, *, max_depth: int = MAX_DEPTH, what: str = "a YAML file", loader: Any = None
+    text: str, path: Path | str, *, max_depth: int = MAX_DEPTH, what: str = "YAML file", loader: Any = None
 ) -> Any:
     """Parse one YAML document of `text` read from `path` (safe loader unless `loader` is given).
 
@@ -150,11 +156,11 @@ def parse_yaml(
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise BoundedFileError(path, f"not valid YAML{where} ({problem})", what, "invalid") from None
+        raise BoundedFileError(path, f"not valid YAML{where} ({problem})", f"a {what}", "invalid") from None
 
 
 def load_json(
-    path: Path | str, *, max_bytes: int, max_depth: int = MAX_DEPTH, what: str = "a JSON file"
+    path: Path | str, *, max_bytes: int, max_depth: int = MAX_DEPTH, what: str = "JSON file"
 ) -> Any:
     """Read and parse a JSON file within the bounds; raises `BoundedFileError`."""
     return parse_json(read_text(path, max_bytes=max_bytes, what=what), path, max_depth=max_depth, what=what)
@@ -165,7 +171,7 @@ def load_yaml(
     *,
     max_bytes: int,
     max_depth: int = MAX_DEPTH,
-    what: str = "a YAML file",
+    what: str = "YAML file",
     loader: Any = None,
 ) -> Any:
     """Read and parse a YAML file within the bounds; raises `BoundedFileError`."""
