@@ -197,9 +197,10 @@ async def test_corrupt_checkpoint_is_moved_aside_reported_and_rebuilt_from_the_s
 ) -> None:
     """The kubelet still believes the claims prepared: their entries and specs must come back.
 
-    Upstream `pkg/kubelet/cm/dra/manager.go` keeps a prepared claim in the kubelet's own
-    checkpoint and calls NodePrepareResources again only when it has no record of it; a pod that
-    starts later on the same claim uses the CDI IDs of the first answer.
+    Upstream `pkg/kubelet/cm/dra/manager.go` (PrepareResources, GetResources) records a claim
+    as prepared in the kubelet's own checkpoint, skips NodePrepareResources for it from then on
+    ("Already prepared this claim") and hands every later container the CDI IDs of that first
+    answer: those IDs must keep resolving to spec files.
     """
     c1, c2 = make_claim(U1, devices=("gpu-0", "gpu-1")), make_claim(U2, namespace="team", devices=("gpu-2",))
     source, backend = await prepared(tmp_path, c1, c2)
