@@ -32,8 +32,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agent.core.boundedfile import MIB, BoundedFileError, parse_yaml, read_text
 from agent.core.errors import BackendError, DeviceModelError, QuantityError, VersionError
 from agent.core.model import AttributeValue, Device, Version
@@ -44,8 +42,6 @@ VENDORS = ("nvidia", "amd", "generic")
 _TOP_FIELDS = frozenset({"description", "drivers"})
 _DRIVER_FIELDS = frozenset({"name", "vendor", "devices"})
 _DEVICE_FIELDS = frozenset({"name", "parent", "uuid", "pciBusID", "product", "attributes", "capacity"})
-# libyaml's loader when built in: the 64-partition profile loads 5x faster.
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_PROFILE_BYTES = 4 * MIB
 """The largest shipped profile (64 partitions) is about 54 KiB."""
 _ATTRIBUTE_TYPES = ("string", "int", "bool", "version")
@@ -105,7 +101,7 @@ def load_profile(name_or_path: str) -> Profile:
 def parse_profile(text: str, source: str) -> Profile:
     """Parse and validate profile YAML; `source` names it in errors."""
     try:
-        data = parse_yaml(text, source, loader=_LOADER, what="YAML profile")
+        data = parse_yaml(text, source, what="YAML profile")
     except BoundedFileError as error:
         raise ProfileError(source, "", f"{error.problem}; expected {error.accepted}") from None
     top = _mapping(source, "", data, _TOP_FIELDS)
