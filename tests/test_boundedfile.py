@@ -61,6 +61,24 @@ def test_sizes_are_described_for_people() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [
+        ("", 0),
+        ("1", 0),
+        ("[]", 1),
+        ("{[]}", 2),
+        ("[{}]", 2),
+        ("[[],[[]],{}]", 3),
+        ('{"a": "[[[[", "b": "x\\"[[["}', 1),
+        ("[[[[}]]]", 4),  # invalid: the open prefix counts
+        ('[["a]]]]', 2),  # an unterminated string
+    ],
+)
+def test_json_depth(text: str, depth: int) -> None:
+    assert [json_depth_exceeds(text, limit) for limit in range(6)] == [depth > limit for limit in range(6)]
+
+
 def test_json_depth_counts_brackets_outside_strings_only() -> None:
     assert not json_depth_exceeds('{"a": "[[[[[[\\"[[[[", "b": [[1]]}', 3)
     assert json_depth_exceeds('{"a": [[{"b": 1}]]}', 3)
