@@ -157,7 +157,7 @@ def decode(raw: bytes, path: Path | str = CHECKPOINT_FILE) -> CheckpointData:
     try:
         doc = parse_json(decode_utf8(path, raw, what="checkpoint"), path, what="checkpoint")
     except BoundedFileError as error:
-        raise CheckpointCorruptError(f"{error.problem}", "invalid_json") from None
+        raise CheckpointCorruptError(error.problem, "invalid_json") from None
     if not isinstance(doc, dict):
         raise CheckpointCorruptError("not a JSON object", "invalid_json")
     version = doc.get("version")
@@ -203,7 +203,7 @@ def load_checkpoint(path: Path, now: float | None = None) -> LoadOutcome:
     try:
         raw = read_bytes(path, max_bytes=MAX_CHECKPOINT_BYTES, what="checkpoint")
     except BoundedFileError as error:
-        if not path.exists() and not path.is_symlink():
+        if not path.exists():
             return LoadOutcome(data=None)
         problem = CheckpointCorruptError(f"cannot use {path}: {error.problem}", "unreadable")
     else:

@@ -262,7 +262,8 @@ class DeviceState:
         async with self._claim_lock(ref.uid):
             existing = self.store.get(ref.uid)
             if existing is not None and existing.phase is ClaimPhase.COMPLETED:
-                # The spec may be gone (a failed unprepare, a cleaned CDI root): never answer IDs without it.
+                # Never answer CDI IDs that do not resolve: the spec may be gone (a CDI root cleaned
+                # behind our back) or the backend released (an unprepare that could not drop the entry).
                 if ref.uid in self._released or not await anyio.to_thread.run_sync(
                     self.cdi.has_claim_spec, ref.uid
                 ):
