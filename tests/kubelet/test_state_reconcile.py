@@ -231,7 +231,10 @@ async def test_corrupt_checkpoint_is_moved_aside_reported_and_rebuilt_from_the_s
     assert_invariants(tmp_path)
     # The kubelet's next prepare gets the same answer; its unprepare releases everything.
     gets = source.gets
-    assert (await state.prepare([ref_of(c1)]))[U1].devices == state._result(before[U1]).devices
+    answer = (await state.prepare([ref_of(c1)]))[U1]
+    assert [(d.device, d.cdi_device_ids) for d in answer.devices] == [
+        (d.device, d.cdi_device_ids) for d in before[U1].devices
+    ]
     assert source.gets == gets + 1
     assert await state.unprepare([ref_of(c1), ref_of(c2)]) == {U1: "", U2: ""}
     assert entries(tmp_path) == {}
@@ -381,6 +384,45 @@ async def test_with_the_fake_backend_package(tmp_path: Path) -> None:
     assert await restarted.unprepare([ref_of(claim)]) == {U1: ""}
     assert not path.exists()
     assert backend.prepared == {}
+
+
+async def test_corrupt_checkpoint_with_the_fake_backend_package(tmp_path: Path) -> None:
+    """The record in a real backend's spec (device nodes, env, shared device) rebuilds the entry."""
+    from agent.core.backend import BackendOptions
+    from backends.fake import create_backend
+
+    backend: Any = create_backend(BackendOptions(NODE, settings={"profile": "mixed", "control": "off"}))[0]
+    device = (await backend.discover())[0].name
+    results = [
+        {"request": "gpu", "driver": backend.driver_name, "pool": NODE, "device": device, "shareID": "s-1"}
+    ]
+    claim = make_claim(U1, driver=backend.driver_name, results=results)
+    source = FakeClaimSource([claim])
+
+    def agent() -> DeviceState:
+        return DeviceState(
+            backend.driver_name,
+            backend,
+            source,
+            node_name=NODE,
+            cdi_root=tmp_path / "cdi",
+            state_dir=tmp_path / "state",
+            boot_id="boot-1",
+        )
+
+    state = agent()
+    await state.start()
+    first = (await state.prepare([ref_of(claim)]))[U1]
+    path = tmp_path / "cdi" / f"k8s.{backend.driver_name}-claim_{U1}.yaml"
+    written = path.read_bytes()
+    checkpoint = tmp_path / "state" / "checkpoint.json"
+    recorded = decode(checkpoint.read_bytes()).entries
+    checkpoint.write_bytes(checkpoint.read_bytes().replace(b"PrepareCompleted", b"PrepareCompletes"))
+    restarted = agent()
+    await restarted.start()
+    assert decode(checkpoint.read_bytes()).entries == recorded
+    assert path.read_bytes() == written
+    assert (await restarted.prepare([ref_of(claim)]))[U1] == first
 
 
 async def test_orphan_spec_that_cannot_be_removed_does_not_stop_start(
