@@ -25,10 +25,15 @@ class FrozenClock(SystemClock):
 
 
 def build(
-    tmp_path: Path, source: FakeClaimSource, backend: FakeBackend, boot: str = "boot-1", **kw: Any
+    tmp_path: Path,
+    source: FakeClaimSource,
+    backend: Any,
+    boot: str = "boot-1",
+    driver: str = DRIVER,
+    **kw: Any,
 ) -> DeviceState:
     return DeviceState(
-        DRIVER,
+        driver,
         backend,
         source,
         node_name=NODE,
@@ -399,18 +404,7 @@ async def test_corrupt_checkpoint_with_the_fake_backend_package(tmp_path: Path) 
     claim = make_claim(U1, driver=backend.driver_name, results=results)
     source = FakeClaimSource([claim])
 
-    def agent() -> DeviceState:
-        return DeviceState(
-            backend.driver_name,
-            backend,
-            source,
-            node_name=NODE,
-            cdi_root=tmp_path / "cdi",
-            state_dir=tmp_path / "state",
-            boot_id="boot-1",
-        )
-
-    state = agent()
+    state = build(tmp_path, source, backend, driver=backend.driver_name)
     await state.start()
     first = (await state.prepare([ref_of(claim)]))[U1]
     path = tmp_path / "cdi" / f"k8s.{backend.driver_name}-claim_{U1}.yaml"
@@ -418,7 +412,7 @@ async def test_corrupt_checkpoint_with_the_fake_backend_package(tmp_path: Path) 
     checkpoint = tmp_path / "state" / "checkpoint.json"
     recorded = decode(checkpoint.read_bytes()).entries
     checkpoint.write_bytes(checkpoint.read_bytes().replace(b"PrepareCompleted", b"PrepareCompletes"))
-    restarted = agent()
+    restarted = build(tmp_path, source, backend, driver=backend.driver_name)
     await restarted.start()
     assert decode(checkpoint.read_bytes()).entries == recorded
     assert path.read_bytes() == written
