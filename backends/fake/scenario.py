@@ -43,9 +43,9 @@ _FIELDS: dict[str, frozenset[str]] = {
     "storm": frozenset({"device", "condition", "value", "driver", "severity", "kind", "rate", "duration"}),
 }
 STORM_TICK_SECONDS = 0.005
+"""How often a storm injects the events that are due (several per tick at high rates)."""
 MAX_SCENARIO_BYTES = 1 * MIB
 """Thousands of steps fit in a few hundred KiB."""
-"""How often a storm injects the events that are due (several per tick at high rates)."""
 
 
 class ScenarioError(BackendError):
