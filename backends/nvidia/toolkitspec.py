@@ -64,7 +64,7 @@ class ToolkitDevices:
             return (
                 f"the toolkit's CDI spec {', '.join(self.files)} names devices by index only "
                 "(an older nvidia-ctk): regenerate it with 'nvidia-ctk cdi generate "
-                "--device-name-strategy=uuid --output=/var/run/cdi/nvidia.yaml' (toolkit 1.14 or later)"
+                "--device-name-strategy=uuid --output=/var/run/cdi/nvidia.yaml'"
             )
         return (
             f"the toolkit's CDI spec {', '.join(self.files)} has no device {uuid}: it is older than the "
