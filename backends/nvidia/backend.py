@@ -165,9 +165,13 @@ class NvidiaBackend:
             else await anyio.to_thread.run_sync(resolve_dev_dir, config.host, config.driver_root)
         )
         self._edits = config = replace(config, dev=dev)
-        self._files = await anyio.to_thread.run_sync(
-            find_driver_files, config.host, config.driver_root, config.hook_path
-        )
+        try:
+            self._files = await anyio.to_thread.run_sync(
+                find_driver_files, config.host, config.driver_root, config.hook_path
+            )
+        except OSError as error:
+            # Own edits then carry device nodes only; the warning below names what is missing.
+            log.error("cannot read the NVIDIA driver root", extra=log_fields(error=str(error)))
         toolkit = ToolkitDevices()
         if config.mode != OWN:
             toolkit = await anyio.to_thread.run_sync(self._toolkit.read)

@@ -286,3 +286,23 @@ def test_dev_dir_of_a_containerized_driver(tmp_path: Path) -> None:
     assert resolve_dev_dir(host, "/run/nvidia/driver") == DevDir(
         tmp_path / "run/nvidia/driver/dev", "/run/nvidia/driver/dev"
     )
+
+
+async def test_an_unreadable_driver_root_leaves_device_nodes_only(
+    make_backend: BackendFactory,
+    fake: FakeNvml,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    make_dev(tmp_path / "dev", ["nvidia2", "nvidiactl"])
+
+    def unreadable(*args: object) -> None:
+        raise PermissionError(13, "Permission denied", "/host/usr/lib/x86_64-linux-gnu")
+
+    monkeypatch.setattr("backends.nvidia.backend.find_driver_files", unreadable)
+    with caplog.at_level(logging.WARNING):
+        edits = await prepared(make_backend, fake, "gpu-2", cdi_mode="own")
+    assert edits.mounts == () and [n.path for n in edits.device_nodes] == ["/dev/nvidia2", "/dev/nvidiactl"]
+    assert "Permission denied" in str(logged(caplog.records, "cannot read the NVIDIA driver root")["error"])
+    logged(caplog.records, "NVIDIA driver libraries missing under the driver root")
