@@ -16,6 +16,7 @@ the edits by their host path, because the container runtime resolves them on the
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -24,6 +25,7 @@ from agent.core.backend import Hook, Mount
 from backends.nvidia.nvml import find_library_dir
 
 DEFAULT_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
+MAX_SYMLINK_HOPS = 256
 CREATE_CONTAINER = "createContainer"
 BINARIES = (
     "nvidia-smi",
@@ -62,8 +64,28 @@ class HostView:
     root: Path = Path("/")
 
     def view(self, host_path: str | PurePosixPath) -> Path:
-        """Where the agent reads the host's `host_path`."""
-        return self.root / str(host_path).lstrip("/")
+        """Where the agent reads the host's `host_path` (blocking: reads symlinks).
+
+        The host's symlinks are followed inside `root`: an absolute one (Ubuntu's ``/var/run ->
+        /run``) names a host path, which read as is would leave the host's tree.
+        """
+        if self.root == Path("/"):
+            return Path(host_path)
+        pending = [p for p in PurePosixPath(host_path).parts if p != "/"]
+        resolved = PurePosixPath("/")
+        for _ in range(MAX_SYMLINK_HOPS):
+            if not pending:
+                break
+            part = pending.pop(0)
+            candidate = resolved.parent if part == ".." else resolved / part
+            seen = self.root / str(candidate).lstrip("/")
+            if part != ".." and seen.is_symlink():
+                target = PurePosixPath(os.readlink(seen))
+                pending = [p for p in target.parts if p != "/"] + pending
+                resolved = PurePosixPath("/") if target.is_absolute() else resolved
+                continue
+            resolved = candidate
+        return self.root / "/".join([*resolved.parts[1:], *pending])
 
 
 @dataclass(frozen=True)

@@ -230,3 +230,17 @@ def test_reader_reparses_only_changed_files(tmp_path: Path, monkeypatch: pytest.
     write_toolkit_spec(tmp_path / "etc/cdi", ["GPU-1", "GPU-22"])
     assert reader.read().names == {"GPU-1", "GPU-22"}
     assert parses == [path]
+
+
+async def test_the_hosts_var_run_symlink_is_followed_inside_the_host_root(
+    make_backend: BackendFactory, fake: FakeNvml, host: Path
+) -> None:
+    """Ubuntu's ``/var/run -> /run`` is absolute: read through /host it must stay in the host's tree."""
+    write_toolkit_spec(host / "run/cdi", ALL_UUIDS)
+    (host / "var").mkdir(exist_ok=True)
+    (host / "var/run").symlink_to("/run")
+    backend = make_backend(fake)
+    await backend.start()
+    edits = await backend.prepare("gpu-2", CLAIM)
+    await backend.stop()
+    assert edits.cdi_device_ids == (f"nvidia.com/gpu={H100}",)

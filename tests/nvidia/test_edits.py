@@ -306,3 +306,19 @@ async def test_an_unreadable_driver_root_leaves_device_nodes_only(
     assert edits.mounts == () and [n.path for n in edits.device_nodes] == ["/dev/nvidia2", "/dev/nvidiactl"]
     assert "Permission denied" in str(logged(caplog.records, "cannot read the NVIDIA driver root")["error"])
     logged(caplog.records, "NVIDIA driver libraries missing under the driver root")
+
+
+def test_host_view_follows_the_hosts_symlinks_inside_its_root(tmp_path: Path) -> None:
+    (tmp_path / "run/cdi").mkdir(parents=True)
+    (tmp_path / "usr/lib").mkdir(parents=True)
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var/run").symlink_to("/run")  # absolute: a host path
+    (tmp_path / "lib").symlink_to("usr/lib")  # relative
+    (tmp_path / "loop").symlink_to("loop")
+    host = HostView(tmp_path)
+    assert host.view("/var/run/cdi") == tmp_path / "run/cdi"
+    assert host.view("/lib/libcuda.so.1") == tmp_path / "usr/lib/libcuda.so.1"
+    assert host.view("/usr/../var/run") == tmp_path / "run"
+    assert host.view("/") == tmp_path
+    assert host.view("/loop/x") == tmp_path / "loop/x"  # bounded: reading it then fails
+    assert HostView().view("/var/run/cdi") == Path("/var/run/cdi")
