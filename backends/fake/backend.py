@@ -267,7 +267,13 @@ class FakeBackend:
         self.prepared.pop((claim.uid, device), None)
         if self._device_files is not None:
             path = devicefile.host_path(self._device_files, claim, device)
-            await anyio.to_thread.run_sync(devicefile.remove_device_file, path)
+            try:
+                await anyio.to_thread.run_sync(devicefile.remove_device_file, path)
+            except OSError as error:
+                raise BackendError(
+                    f"fake backend {self._driver}: cannot remove the device file {path}: {error}: "
+                    "check the agent's state directory"
+                ) from error
 
     def _edits(self, device: Device, mounts: tuple[Mount, ...]) -> ContainerEdits:
         """Environment and the description file: no device nodes (see `backends.fake.devicefile`)."""
