@@ -101,18 +101,12 @@ def test_device_files_must_be_absolute() -> None:
         make_backends(device_files="state/fake")
 
 
-async def test_a_device_file_that_cannot_be_written_fails_the_prepare_clearly(tmp_path: Path) -> None:
+async def test_a_device_file_that_cannot_be_written_or_removed_fails_clearly(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("in the way")
     (backend, _), _ = make_backends(device_files=str(blocker))
     with pytest.raises(BackendError, match=r"cannot write the device file .*gpu-0\.json: .*device_files"):
         await backend.prepare("gpu-0", CLAIM)
     assert ("uid-a", "gpu-0") not in backend.prepared
-
-
-async def test_a_device_file_that_cannot_be_removed_fails_the_unprepare_clearly(tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("in the way")
-    (backend, _), _ = make_backends(device_files=str(blocker))
     with pytest.raises(BackendError, match=r"cannot remove the device file .*gpu-0\.json: "):
         await backend.unprepare("gpu-0", CLAIM)

@@ -70,35 +70,34 @@ async def test_auto_refers_to_the_toolkits_devices_when_its_spec_names_the_gpus_
     assert spec.exists()
 
 
-async def test_auto_without_a_toolkit_spec_generates_its_own(
-    make_backend: BackendFactory, fake: FakeNvml, host: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("names", "reasons"),
+    [
+        (None, ["no NVIDIA Container Toolkit CDI spec (kind nvidia.com/gpu)"]),
+        # An older nvidia-ctk: ``nvidia.com/gpu=<uuid>`` would be unresolvable at container start.
+        (["0", "1", "2", "3", "0:0", "all"], ["names devices by index only", "--device-name-strategy=uuid"]),
+    ],
+)
+async def test_auto_generates_its_own_without_a_spec_naming_gpus_by_uuid(
+    make_backend: BackendFactory,
+    fake: FakeNvml,
+    host: Path,
+    caplog: pytest.LogCaptureFixture,
+    *,
+    names: list[str] | None,
+    reasons: list[str],
 ) -> None:
+    if names is not None:
+        write_toolkit_spec(host / "etc/cdi", names)
     backend = make_backend(fake)
     with caplog.at_level(logging.INFO):
         await backend.start()
     fields = logged(caplog.records, "NVIDIA CDI mode chosen")
     assert fields["mode"] == "own"
-    assert "no NVIDIA Container Toolkit CDI spec (kind nvidia.com/gpu)" in str(fields["reason"])
+    assert all(reason in str(fields["reason"]) for reason in reasons)
     edits = await backend.prepare("gpu-2", CLAIM)
     await backend.stop()
     assert edits.cdi_device_ids == () and edits.hooks and edits.mounts
-
-
-async def test_auto_with_an_index_only_spec_falls_back_to_its_own(
-    make_backend: BackendFactory, fake: FakeNvml, host: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """An older nvidia-ctk: ``nvidia.com/gpu=<uuid>`` would be unresolvable at container start."""
-    write_toolkit_spec(host / "etc/cdi", ["0", "1", "2", "3", "0:0", "all"])
-    backend = make_backend(fake)
-    with caplog.at_level(logging.INFO):
-        await backend.start()
-    fields = logged(caplog.records, "NVIDIA CDI mode chosen")
-    assert fields["mode"] == "own"
-    assert "names devices by index only" in str(fields["reason"])
-    assert "--device-name-strategy=uuid" in str(fields["reason"])
-    edits = await backend.prepare("gpu-2", CLAIM)
-    await backend.stop()
-    assert edits.cdi_device_ids == ()
 
 
 async def test_auto_checks_again_at_prepare_and_falls_back_when_the_spec_lost_the_gpu(
