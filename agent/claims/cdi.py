@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from agent.claims.atomicfile import TEMP_SUFFIX, remove_durably, write_atomic
-from agent.core.backend import ContainerEdits
+from agent.core.backend import ContainerEdits, Hook
 from agent.core.boundedfile import MIB, parse_json, read_text
 
 CDI_CLASS = "claim"
@@ -106,7 +106,18 @@ def _device_edits(edits: ContainerEdits, env: Mapping[str, str]) -> dict[str, An
             {"hostPath": m.host_path, "containerPath": m.container_path, "options": list(m.options)}
             for m in edits.mounts
         ]
+    if edits.hooks:
+        out["hooks"] = [_hook(h) for h in edits.hooks]
     return out
+
+
+def _hook(hook: Hook) -> dict[str, Any]:
+    entry: dict[str, Any] = {"hookName": hook.hook_name, "path": hook.path}
+    if hook.args:
+        entry["args"] = list(hook.args)
+    if hook.env:
+        entry["env"] = list(hook.env)
+    return entry
 
 
 def build_claim_spec(driver: str, devices: Sequence[CdiDevice]) -> dict[str, Any]:
