@@ -134,6 +134,31 @@ HEALTHY = DeviceHealth()
 
 
 @dataclass(frozen=True)
+class RequestPolicy:
+    """A capacity's ``requestPolicy`` (consumable capacity): a default and a range or a list of values."""
+
+    default: Quantity
+    min: Quantity | None = None
+    max: Quantity | None = None
+    step: Quantity | None = None
+    values: tuple[Quantity, ...] = ()
+
+    def to_api(self) -> dict[str, object]:
+        """The API form: ``{default, validRange: {min, max, step}}`` or ``{default, validValues}``."""
+        out: dict[str, object] = {"default": self.default.canonical()}
+        if self.values:
+            out["validValues"] = [v.canonical() for v in self.values]
+        elif self.min is not None:
+            valid_range = {"min": self.min.canonical()}
+            if self.max is not None:
+                valid_range["max"] = self.max.canonical()
+            if self.step is not None:
+                valid_range["step"] = self.step.canonical()
+            out["validRange"] = valid_range
+        return out
+
+
+@dataclass(frozen=True)
 class Device:
     """One allocatable device of one driver on this node.
 
@@ -151,11 +176,16 @@ class Device:
     pci_bus_id: str = ""
     product: str = ""
     parent: str = ""
+    allow_multiple_allocations: bool = False
+    """Shareable by several claims at once (consumable capacity, see `agent.core.sharing`)."""
+    request_policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
+    """``requestPolicy`` per capacity name; only with `allow_multiple_allocations`."""
 
     def __post_init__(self) -> None:
         # Freeze the maps so a Device is a true value.
         object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
         object.__setattr__(self, "capacity", MappingProxyType(dict(self.capacity)))
+        object.__setattr__(self, "request_policies", MappingProxyType(dict(self.request_policies)))
         validate_device(self)
 
 
@@ -204,3 +234,10 @@ def validate_device(device: Device) -> None:
             raise DeviceModelError(name, f"capacity[{key}]", problem)
         if not isinstance(quantity, Quantity):
             raise DeviceModelError(name, f"capacity[{key}]", "must be an agent.core.quantity.Quantity")
+    for key in device.request_policies:
+        if key not in device.capacity:
+            raise DeviceModelError(name, f"capacity[{key}].requestPolicy", "names no capacity of the device")
+        if not device.allow_multiple_allocations:
+            raise DeviceModelError(
+                name, f"capacity[{key}].requestPolicy", "allowMultipleAllocations must be true"
+            )
