@@ -157,6 +157,18 @@ class SharingBackend(Protocol):
         ...
 
 
+def merge_edits(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
+    """A device's edits plus its share's (MPS pipe, limits): lists joined, `first` wins on a variable."""
+    return ContainerEdits(
+        device_nodes=first.device_nodes + second.device_nodes,
+        env={**second.env, **first.env},
+        mounts=first.mounts + second.mounts,
+        cdi_device_ids=first.cdi_device_ids + second.cdi_device_ids,
+        list_env=first.list_env | second.list_env,
+        hooks=first.hooks + second.hooks,
+    )
+
+
 def share_conflict(share: DeviceShare, peer: DeviceShare, mine: str, theirs: str) -> ShareConflictError:
     """The error for two shares of one device with configurations that exclude each other."""
     return ShareConflictError(

@@ -14,9 +14,11 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device
+from agent.core.sharing import ConsumableShares, DeviceShare
 from backends.amd.discovery import DEFAULT_DRIVER_NAME, Discovery, Sysfs, build_devices, read_processors
 from backends.amd.edits import StatFn, container_edits
 from backends.amd.health import CONDITIONS, HealthMonitor, HealthSettings
+from backends.amd.sharingconfig import check_shares
 from backends.amd.smi import SmiLibrary, check_module, describe, handle_key, import_amdsmi, init_error
 from backends.amd.telemetry import read_telemetry
 
@@ -29,6 +31,7 @@ SETTINGS = {
     "event-timeout-ms": "milliseconds one event read waits; bounds shutdown delay (default 200)",
     "sysfs-root": "where the host's /sys is visible (default /sys)",
     "dev-root": "where the host's /dev is visible (default /dev)",
+    ConsumableShares.SETTING: "disabled (default), memory, unlimited or <N>: publish devices shareable",
 }
 
 
@@ -82,6 +85,10 @@ class AmdBackend:
         self._clock = clock or SystemClock()
         self._importer = importer
         self._stat = stat_fn
+        self._shares = ConsumableShares.parse(
+            dict(options.settings).get(ConsumableShares.SETTING, "disabled"),
+            f"--backend amd setting {ConsumableShares.SETTING}",
+        )
         self._lib: SmiLibrary | None = None
         self._discovery = Discovery()
         self._discovered = False
@@ -160,7 +167,7 @@ class AmdBackend:
             )
         elif self._discovery.devices:
             self._logged_empty = False
-        return self._discovery.devices
+        return [self._shares.apply(d) for d in self._discovery.devices]
 
     async def monitor_health(self, sink: HealthSink) -> None:
         """Watch events and RAS for the discovered devices until cancelled."""
@@ -187,6 +194,17 @@ class AmdBackend:
 
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
         """Nothing to undo: preparing only reads device nodes."""
+
+    async def prepare_share(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> ContainerEdits:
+        """`prepare` after the AMD config check (`backends.amd.sharingconfig`); nothing to set up."""
+        check_shares(share, peers)
+        return await self.prepare(share.device, share.claim)
+
+    async def unprepare_share(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> None:
+        """Nothing to undo."""
+
+    async def resume_shares(self, shares: Sequence[DeviceShare]) -> None:
+        """Nothing to resume: the hardware keeps no sharing state."""
 
     async def telemetry(self) -> Sequence[DeviceTelemetry]:
         """Read counters of every published device; a failing field is None."""

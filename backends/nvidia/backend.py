@@ -17,6 +17,7 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device, check_driver_name
+from agent.core.sharing import ConsumableShares, DeviceShare, merge_edits
 from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
 from backends.nvidia.driverfiles import DEFAULT_HOOK_PATH, DriverFiles, HostView, find_driver_files
 from backends.nvidia.edits import (
@@ -31,7 +32,9 @@ from backends.nvidia.edits import (
     toolkit_edits,
 )
 from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState, XidPolicy
+from backends.nvidia.mps import ControlProgram, MpsDaemons, MpsProgram
 from backends.nvidia.nvml import Nvml, load_pynvml
+from backends.nvidia.sharing import DeviceFacts, NvSharingManager, SmiTimeSlicer, TimeSlicer, facts_of
 from backends.nvidia.telemetry import read_telemetry_sync
 from backends.nvidia.toolkitspec import ToolkitDevices, ToolkitSpecReader
 
@@ -48,7 +51,9 @@ SETTINGS = (
     "telemetry-interval",
     "health-wait-ms",
     "recovery-interval",
+    ConsumableShares.SETTING,
 )
+STATE_SUBDIR = "mps"
 
 
 def _path_setting(settings: Mapping[str, str], key: str, default: str) -> str:
@@ -85,6 +90,8 @@ class NvidiaBackend:
         sysfs_root: Path = Path("/sys"),
         proc_root: Path = Path("/proc"),
         dev_root: Path | None = None,
+        timeslicer: TimeSlicer | None = None,
+        mps_program: MpsProgram | None = None,
     ) -> None:
         settings = options.settings
         unknown = sorted(set(settings) - set(SETTINGS))
@@ -126,6 +133,15 @@ class NvidiaBackend:
         self._telemetry_cache: list[DeviceTelemetry] = []
         self._telemetry_at: float | None = None
         self._prepared: dict[tuple[str, str], ContainerEdits] = {}
+        self._shares = ConsumableShares.parse(
+            settings.get(ConsumableShares.SETTING, "disabled"), f"nvidia setting {ConsumableShares.SETTING}"
+        )
+        state = (options.state_dir or Path("/var/lib/dra-agent")) / STATE_SUBDIR / self._driver
+        self._sharing = NvSharingManager(
+            self._facts,
+            timeslicer or SmiTimeSlicer(),
+            MpsDaemons(state, mps_program or ControlProgram()),
+        )
 
     @property
     def driver_name(self) -> str:
@@ -238,7 +254,7 @@ class NvidiaBackend:
                 "no NVIDIA GPUs found: publishing an empty pool",
                 extra=log_fields(gpus=len(discovery.gpus), hint="check 'nvidia-smi -L' on the node"),
             )
-        return [d.device for d in discovery.devices]
+        return [self._shares.apply(d.device) for d in discovery.devices]
 
     async def _ensure_discovered(self) -> Discovery:
         if not self._discovered:
@@ -311,6 +327,24 @@ class NvidiaBackend:
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
         # Nothing on the GPU changes when preparing, so nothing to undo.
         self._prepared.pop((claim.uid, device), None)
+
+    def _facts(self, name: str) -> DeviceFacts:
+        nv = self._device(name)
+        return facts_of(nv.device.attributes, nv.uuid)
+
+    async def prepare_share(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> ContainerEdits:
+        """`prepare` plus the share's time-slicing or MPS (`backends.nvidia.sharing`)."""
+        base = await self.prepare(share.device, share.claim)
+        return merge_edits(base, await self._sharing.prepare(share, peers))
+
+    async def unprepare_share(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> None:
+        await self._sharing.unprepare(share, peers)
+        await self.unprepare(share.device, share.claim)
+
+    async def resume_shares(self, shares: Sequence[DeviceShare]) -> None:
+        self._lib()
+        await self._ensure_discovered()
+        await self._sharing.resume(shares)
 
     async def telemetry(self) -> Sequence[DeviceTelemetry]:
         nvml = self._lib()
