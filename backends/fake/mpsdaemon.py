@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = log_dir / (STATE_FILE + ".tmp")
     tmp.write_text(json.dumps(state, sort_keys=True))
     os.replace(tmp, log_dir / STATE_FILE)
+    # Ready, as the real daemon's control pipe says: after the record, so a reader finds both.
+    os.mkfifo(Path(state["pipeDirectory"] or ".") / "control")
 
     def stop(signum: int, frame: FrameType | None) -> None:
         sys.exit(0)

@@ -47,6 +47,9 @@ LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 PINNED_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 RECORD = "daemon.json"
 STOP_TIMEOUT = 10.0
+START_TIMEOUT = 30.0
+CONTROL_PIPE = "control"
+"""The named pipe a control daemon creates in its pipe directory once it serves clients."""
 CONTROL_PROGRAM = "nvidia-cuda-mps-control"
 
 
@@ -158,8 +161,9 @@ class MpsDaemons:
 
     def _alive(self, record: DaemonRecord) -> bool:
         child = self._children.get(str(record.pid))
-        if child is not None and child.poll() is not None:
-            return False
+        if child is not None:
+            # Our own child: poll it (between fork and exec its command line is still ours).
+            return child.poll() is None
         try:
             cmdline = (
                 Path(f"/proc/{record.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -167,6 +171,24 @@ class MpsDaemons:
         except OSError:
             return False
         return self.program.marker in cmdline
+
+    def _wait_ready(self, device: str, timeout: float) -> None:
+        """Block (in a worker thread) until the daemon's control pipe exists, as NVIDIA's driver waits."""
+        record = self._read(device)
+        control = self.directory(device) / "pipe" / CONTROL_PIPE
+        deadline = time.monotonic() + timeout
+        while not control.exists():
+            if record is None or not self._alive(record):
+                raise BackendError(
+                    f"the MPS control daemon for {device} exited at start; see its logs in "
+                    f"{self.directory(device) / 'log'}"
+                )
+            if time.monotonic() > deadline:
+                raise BackendError(
+                    f"the MPS control daemon for {device} did not open {control} within {timeout:g} s; "
+                    f"see its logs in {self.directory(device) / 'log'}"
+                )
+            time.sleep(0.005)
 
     def _wait_gone(self, record: DaemonRecord, timeout: float) -> bool:
         """Block (in a worker thread) until the daemon exits; False when it outlives `timeout`."""
@@ -204,6 +226,7 @@ class MpsDaemons:
             await self.stop(device)
         await anyio.to_thread.run_sync(self._spawn, device, uuid, settings)
         try:
+            await anyio.to_thread.run_sync(self._wait_ready, device, START_TIMEOUT)
             await self.program.configure(self.env(device, uuid), settings, uuid)
         except BaseException:
             with anyio.CancelScope(shield=True):
