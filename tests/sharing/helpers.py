@@ -59,9 +59,17 @@ def claim(
     if memory:
         result["consumedCapacity"] = {"memory": memory}
     configs = []
-    spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]}}
+    spec: dict[str, Any] = {
+        "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]}
+    }
     if class_config is not None:
-        configs.append({"source": "FromClass", "requests": ["gpu"], "opaque": {"driver": driver, "parameters": class_config}})
+        configs.append(
+            {
+                "source": "FromClass",
+                "requests": ["gpu"],
+                "opaque": {"driver": driver, "parameters": class_config},
+            }
+        )
     if config is not None:
         entry: dict[str, Any] = {"opaque": {"driver": driver, "parameters": config}}
         if config_requests:
