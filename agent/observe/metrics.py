@@ -35,6 +35,8 @@ CLAIM_ERROR_REASONS: Mapping[str, tuple[str, ...]] = {
         "backend",
         "cdi",
         "checkpoint",
+        "config",
+        "share_conflict",
         "internal",
     ),
     "unprepare": ("backend", "cdi", "checkpoint", "internal"),

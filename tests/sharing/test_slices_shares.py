@@ -86,7 +86,7 @@ async def test_two_memory_claims_fit_on_one_gpu(tmp_path: Path) -> None:
         consumed(memory["requestPolicy"], capacity, int(24.5 * GI)),
     )
     assert (first, second) == (20 * GI, 25 * GI)
-    assert first + second <= capacity
+    assert first is not None and second is not None and first + second <= capacity
     assert consumed(memory["requestPolicy"], capacity, None) == GI, "an omitted request must not take the GPU"
     assert consumed(memory["requestPolicy"], capacity, 81 * GI) is None
 
