@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -183,10 +183,8 @@ def sampling(read: Callable[[], int]) -> Iterator[list[int]]:
 
     def loop() -> None:
         while not stop.is_set():
-            try:
+            with suppress(OSError):
                 samples.append(read())
-            except OSError:
-                pass
             time.sleep(0.001)
 
     thread = threading.Thread(target=loop, daemon=True)
