@@ -257,7 +257,13 @@ class AgentProcess:
                 self.proc.wait()
 
 
-def run(prepares: int, settle: float) -> dict[str, float]:
+def profiler(output: str, pid: int) -> subprocess.Popen[bytes]:
+    """``py-spy record`` (from PATH) of the agent during the sequential prepares, as collapsed stacks."""
+    command = ["py-spy", "record", "--pid", str(pid), "--rate", "500", "--format", "raw", "--output", output]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run(prepares: int, settle: float, py_spy: str = "") -> dict[str, float]:
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="dra-e2e-", dir="/tmp") as tmp:
         root = Path(tmp)
@@ -296,11 +302,15 @@ def run(prepares: int, settle: float) -> dict[str, float]:
             empty = [timed(lambda: kubelet.prepare([]))[0] for _ in range(prepares)]
             claims = [api.allocated_claim(f"seq-{i}", devices[i % len(devices)]) for i in range(prepares)]
             prepare, unprepare = [], []
+            recorder = profiler(py_spy, agent.pid) if py_spy else None
             for claim in claims:
                 took, answer = timed(lambda c=claim: kubelet.prepare([c]))  # type: ignore[misc]
                 assert not answer.claims[claim["uid"]].error, answer
                 prepare.append(took)
                 unprepare.append(timed(lambda c=claim: kubelet.unprepare([c]))[0])  # type: ignore[misc]
+            if recorder is not None:
+                recorder.send_signal(signal.SIGINT)
+                recorder.wait(timeout=60)
             figures["empty round trip p50 (ms)"] = pct(empty, 0.5)
             figures["empty round trip p99 (ms)"] = pct(empty, 0.99)
             figures["prepare p50 (ms)"] = pct(prepare, 0.5)
@@ -359,8 +369,8 @@ def run(prepares: int, settle: float) -> dict[str, float]:
     return figures
 
 
-def main(prepares: int, settle: float) -> None:
-    figures = run(prepares, settle)
+def main(prepares: int, settle: float, py_spy: str) -> None:
+    figures = run(prepares, settle, py_spy)
     width = max(len(k) for k in figures)
     print(f"{'measure'.ljust(width)}  {'value':>9}  target")
     for name, value in figures.items():
@@ -379,5 +389,11 @@ if __name__ == "__main__":
     parser.add_argument(
         "--settle", type=float, default=2.0, help="seconds to let the agent settle before RSS"
     )
+    parser.add_argument(
+        "--py-spy",
+        default="",
+        metavar="OUT",
+        help="record the agent with py-spy (on PATH) during the sequential prepares into OUT (collapsed stacks)",
+    )
     args = parser.parse_args()
-    main(200 if args.quick else 1000, args.settle)
+    main(200 if args.quick else 1000, args.settle, args.py_spy)
