@@ -9,18 +9,21 @@ are raw JSON, see `agent.kube.client`).
 `lazy_kubernetes_asyncio` therefore registers the ``kubernetes_asyncio`` and
 ``kubernetes_asyncio.client`` packages as package modules whose ``__init__`` has not run yet;
 their submodules (``config``, ``client.configuration``...) import normally, and any other
-attribute runs the real ``__init__`` on first use, so code that needs the generated classes (the
-tests, the emulator's tools) still gets them. ``client.ApiClient`` (imported by the kubeconfig
-loader, used only by ``new_client_from_config``) is a stand-in that loads the real class when
-called. This relies on the layout of kubernetes-asyncio 31 to 36 (``config.kube_config`` and
-``config.incluster_config`` import ``Configuration``/``ApiClient`` from ``kubernetes_asyncio.client``);
-``tests/kube/test_credentials.py`` checks it against the installed version.
+attribute (``client.V1Pod``) runs the real ``__init__`` on first use, so code that needs the
+generated classes (the tests, the emulator's tools) still gets them. ``client.ApiClient``
+(imported by the kubeconfig loader, used only by ``new_client_from_config``) is, for that module
+alone, a stand-in that loads the real class when called. This relies on the layout of
+kubernetes-asyncio 31 to 36 (``config.kube_config`` and ``config.incluster_config`` import
+``Configuration``/``ApiClient`` from ``kubernetes_asyncio.client``); ``tests/kube/test_credentials.py``
+checks it against the installed version (31.1.0, 33.3.0 and 36.1.0 were checked). Should a later
+release break it, the agent falls back to the full import: it still works, at the old cost.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
@@ -28,10 +31,12 @@ from types import ModuleType
 from typing import Any
 
 from agent.core.errors import KubeApiError
+from agent.core.logs import log_fields
+
+log = logging.getLogger("agent.kube.credentials")
 
 _ROOT = "kubernetes_asyncio"
 _CLIENT = f"{_ROOT}.client"
-_SUBPACKAGES = ("client", "config", "dynamic", "stream", "utils", "watch")
 
 
 def _deferred_package(name: str, attribute: Any) -> ModuleType:
@@ -53,7 +58,11 @@ def _deferred_package(name: str, attribute: Any) -> ModuleType:
 
     def __getattr__(attr: str) -> Any:  # the PEP 562 module hook
         value = attribute(attr)
-        return load(attr) if value is None else value
+        if value is not None:
+            return value
+        if not attr.startswith("__") and importlib.util.find_spec(f"{name}.{attr}") is not None:
+            return importlib.import_module(f"{name}.{attr}")  # a submodule: no need for __init__
+        return load(attr)
 
     module.__getattr__ = __getattr__  # type: ignore[method-assign]
     module.__dra_agent_load__ = load  # type: ignore[attr-defined]
@@ -61,30 +70,36 @@ def _deferred_package(name: str, attribute: Any) -> ModuleType:
 
 
 def lazy_kubernetes_asyncio() -> None:
-    """Register the deferred packages (once; nothing to do when kubernetes_asyncio is imported already)."""
+    """Register the deferred packages and import the credential loaders through them.
+
+    Nothing to do when kubernetes_asyncio is imported already (it then costs nothing more).
+    """
     if _ROOT in sys.modules:
         return
-
-    def root_attribute(attr: str) -> Any:
-        return importlib.import_module(f"{_ROOT}.{attr}") if attr in _SUBPACKAGES else None
-
-    root = _deferred_package(_ROOT, root_attribute)
+    root = _deferred_package(_ROOT, lambda attr: None)
     sys.modules[_ROOT] = root
+    loading_config = True
+
+    def api_client_on_call(*args: Any, **kwargs: Any) -> Any:
+        return client.__dra_agent_load__("ApiClient")(*args, **kwargs)
+
+    def client_attribute(attr: str) -> Any:
+        if attr == "Configuration":
+            return importlib.import_module(f"{_CLIENT}.configuration").Configuration
+        # Only the kubeconfig loader gets the stand-in; others (subclasses) need the real class.
+        return api_client_on_call if attr == "ApiClient" and loading_config else None
+
     try:
-
-        def real_api_client(*args: Any, **kwargs: Any) -> Any:
-            return client.__dra_agent_load__("ApiClient")(*args, **kwargs)
-
-        def client_attribute(attr: str) -> Any:
-            if attr == "Configuration":
-                return importlib.import_module(f"{_CLIENT}.configuration").Configuration
-            return real_api_client if attr == "ApiClient" else None
-
         client = _deferred_package(_CLIENT, client_attribute)
         sys.modules[_CLIENT] = client
-    except BaseException:
-        del sys.modules[_ROOT]
-        raise
+        importlib.import_module(f"{_ROOT}.config")
+    except Exception as error:
+        # A kubernetes-asyncio laid out differently: forget the partial import, pay for the full one.
+        for name in [m for m in sys.modules if m == _ROOT or m.startswith(f"{_ROOT}.")]:
+            del sys.modules[name]
+        log.debug("kubernetes-asyncio imported in full", extra=log_fields(reason=repr(error)))
+    finally:
+        loading_config = False
 
 
 async def load_credentials(mode: str = "auto", kubeconfig: Path | str | None = None) -> Any:
