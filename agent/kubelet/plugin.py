@@ -134,7 +134,11 @@ def _prepare_socket_path(path: Path) -> None:
 
 
 class KubeletPlugin:
-    """One driver's kubelet-facing gRPC endpoints; `run` serves them until cancelled."""
+    """One driver's kubelet-facing gRPC endpoints; `run` serves them until cancelled.
+
+    With `preparer_ready`, prepare and unprepare calls wait for that event (the preparer's
+    checkpoint loaded) while registration, ``GetInfo`` and the health stream are served at once.
+    """
 
     def __init__(
         self,
@@ -152,6 +156,7 @@ class KubeletPlugin:
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
         health_check_timeout: int = DEFAULT_HEALTH_CHECK_TIMEOUT,
         supported_services: Sequence[str] = SUPPORTED_SERVICES,
+        preparer_ready: anyio.Event | None = None,
     ) -> None:
         self.driver = driver
         self.dra_socket, self.registration_socket = socket_paths(
@@ -169,7 +174,7 @@ class KubeletPlugin:
                 "no pool name given; using the host name for the health stream",
                 extra=log_fields(driver=driver, pool=pool),
             )
-        self.dra = DRAService(driver, preparer, metrics=metrics)
+        self.dra = DRAService(driver, preparer, metrics=metrics, preparer_ready=preparer_ready)
         self.health = HealthService(
             inventory,
             pool=pool,
