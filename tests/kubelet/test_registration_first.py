@@ -16,7 +16,6 @@ import pytest
 
 from agent.claims.preparer import PrepareResult
 from agent.observe.metrics import Metrics
-from tests.kubelet.test_healthservice import wait_until
 from tests.kubelet.grpc_support import (
     DRIVER,
     GET_INFO,
@@ -28,6 +27,7 @@ from tests.kubelet.grpc_support import (
     serving,
     short_tmp_dir,
 )
+from tests.kubelet.test_healthservice import wait_until
 
 
 @pytest.fixture
