@@ -141,7 +141,10 @@ class KubeClient:
         self._base = str(cfg.host).rstrip("/")
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=CONNECTION_LIMIT, keepalive_timeout=KEEPALIVE_SECONDS, ssl=_ssl_context(cfg)
+                limit=CONNECTION_LIMIT,
+                keepalive_timeout=KEEPALIVE_SECONDS,
+                # Loading the system CA store costs ~0.1 s: only for HTTPS (in-cluster names its CA file).
+                ssl=_ssl_context(cfg) if self._base.startswith("https:") else False,
             ),
             # Watch events with large objects exceed aiohttp's default read buffer (as in kubernetes-asyncio).
             read_bufsize=2**21,
@@ -284,14 +287,23 @@ class KubeClient:
             raise
         served = [str(v.get("version")) for v in group.get("versions", []) if isinstance(v, dict)]
         resources: dict[str, set[str]] = {}
-        for v in served:
+
+        errors: list[KubeApiError] = []
+
+        async def list_version(v: str) -> None:
             try:
                 listing = await self.request("GET", f"/apis/{RESOURCE_GROUP}/{v}")
             except KubeApiError as error:
-                if error.status == 404:
-                    continue
-                raise
+                if error.status != 404:
+                    errors.append(error)
+                return
             resources[v] = {str(r.get("name")) for r in listing.get("resources", []) if isinstance(r, dict)}
+
+        async with anyio.create_task_group() as tg:  # one round trip instead of one per version
+            for v in served:
+                tg.start_soon(list_version, v)
+        if errors:
+            raise errors[0]
         slice_version = next((v for v in SLICE_VERSIONS if "resourceslices" in resources.get(v, ())), None)
         if slice_version is None:
             raise KubeApiError(_NO_DRA_HELP, 404, "NotFound")

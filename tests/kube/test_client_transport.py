@@ -52,7 +52,11 @@ class FakeServer:
             self.in_flight -= 1
         if request.path == "/version":
             return web.json_response({"major": "1", "minor": "34", "gitVersion": "v1.34.0"})
-        if request.path == "/status-500":
+        if request.path == "/apis/resource.k8s.io":
+            return web.json_response({"versions": [{"version": "v1"}, {"version": "v1beta2"}]})
+        if request.path == "/apis/resource.k8s.io/v1beta2":
+            return web.json_response({"resources": [{"name": "resourceslices"}]})
+        if request.path in ("/status-500", "/apis/resource.k8s.io/v1"):
             return web.json_response({"reason": "InternalError", "message": "boom"}, status=500)
         return web.json_response(
             {"metadata": {"name": "claim-1", "uid": "u1"}, "selector": request.query.get("fieldSelector")}
@@ -131,6 +135,16 @@ async def test_query_and_errors(server: FakeServer) -> None:
         assert answer["selector"] == "spec.nodeName=n,spec.driver=d"
         with pytest.raises(KubeApiError, match="500 InternalError: boom") as error:
             await kube.request("GET", "/status-500")
+        assert error.value.status == 500
+    finally:
+        await kube.close()
+
+
+async def test_discovery_lists_versions_at_once_and_reports_one_failure(server: FakeServer) -> None:
+    kube = KubeClient.from_configuration(configuration(server.url))
+    try:
+        with pytest.raises(KubeApiError, match="/apis/resource.k8s.io/v1: 500") as error:
+            await kube.discover()
         assert error.value.status == 500
     finally:
         await kube.close()
