@@ -213,24 +213,25 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
 class AgentProcess:
     """``dra-agent run`` against the emulator, its sockets under `root`."""
 
-    def __init__(self, root: Path, cdi_root: Path, kubeconfig: Path) -> None:
+    def __init__(self, root: Path, cdi_root: Path, state_dir: Path, kubeconfig: Path) -> None:
         self.root = root
         self.args = [
             sys.executable, "-m", "agent.cli", "run", "--node-name", NODE,
             "--kube", "kubeconfig", "--kubeconfig", str(kubeconfig),
             "--backend", "fake:profile=nvidia-a100-8x,control=off",
             "--registry-dir", str(root / "registry"), "--plugins-dir", str(root / "plugins"),
-            "--cdi-root", str(cdi_root), "--state-dir", str(root / "state"),
+            "--cdi-root", str(cdi_root), "--state-dir", str(state_dir),
             "--metrics-address", "127.0.0.1:0", "--log-level", "info",
         ]  # fmt: skip
         self.registration = root / "registry" / f"{DRIVER}-reg.sock"
         self.dra_socket = root / "plugins" / DRIVER / "dra.sock"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
 
     def start(self) -> float:
         """Start the process; seconds until the registration socket exists."""
         self.registration.unlink(missing_ok=True)
-        start = time.perf_counter()
+        self.started_at = start = time.perf_counter()
         self.proc = subprocess.Popen(
             self.args, stdout=subprocess.DEVNULL, stderr=self.root.joinpath("agent.log").open("ab")
         )
@@ -260,13 +261,36 @@ class AgentProcess:
                 self.proc.wait()
 
 
-def profiler(output: str, pid: int) -> subprocess.Popen[bytes]:
-    """``py-spy record`` (from PATH) of the agent during the sequential prepares, as collapsed stacks."""
-    command = ["py-spy", "record", "--pid", str(pid), "--rate", "500", "--format", "raw", "--output", output]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def get_info(protos: GrpcioProtos, agent: AgentProcess) -> float:
+    """GetInfo on the registration socket, as the kubelet calls it on seeing the socket; when it answered."""
+    with grpc.insecure_channel(f"unix://{agent.registration}") as channel:
+        call = channel.unary_unary(
+            "/pluginregistration.Registration/GetInfo",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=protos.registration.PluginInfo.FromString,
+        )
+        call(protos.registration.InfoRequest(), timeout=5)
+    return time.perf_counter()
 
 
-def run(prepares: int, settle: float, py_spy: str = "") -> dict[str, float]:
+@contextmanager
+def profiled(output: str, phase: str, pid: int) -> Iterator[None]:
+    """``py-spy record`` (from PATH) of the agent during one phase, into ``OUTPUT.PHASE.txt``."""
+    if not output:
+        yield
+        return
+    target = f"{output}.{phase}.txt"
+    command = ["py-spy", "record", "--pid", str(pid), "--rate", "500", "--format", "raw", "--output", target]
+    recorder = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # py-spy attaches
+    try:
+        yield
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        recorder.wait(timeout=60)
+
+
+def run(prepares: int, settle: float, py_spy: str = "", state_parent: str = "/tmp") -> dict[str, float]:
     figures: dict[str, float] = {}
     with ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-", dir="/tmp")))
@@ -290,7 +314,8 @@ def run(prepares: int, settle: float, py_spy: str = "") -> dict[str, float]:
             text=True,
         )
         cdi = stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-cdi-", dir=CDI_PARENT))
-        agent = AgentProcess(root, Path(cdi), kubeconfig)
+        state = stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-state-", dir=state_parent))
+        agent = AgentProcess(root, Path(cdi), Path(state), kubeconfig)
         try:
             assert emulator.stdout is not None
             emulator.stdout.readline()
@@ -298,6 +323,7 @@ def run(prepares: int, settle: float, py_spy: str = "") -> dict[str, float]:
             port = int(url.rsplit(":", 1)[1])
             api = Api(url)
             figures["start to registration socket (ms)"] = agent.start() * 1000
+            figures["start to GetInfo answered (ms)"] = (get_info(protos, agent) - agent.started_at) * 1000
             devices = api.devices()
             time.sleep(settle)
             figures["RSS idle (MiB)"] = rss_mib(agent.pid)
@@ -306,15 +332,12 @@ def run(prepares: int, settle: float, py_spy: str = "") -> dict[str, float]:
             empty = [timed(lambda: kubelet.prepare([]))[0] for _ in range(prepares)]
             claims = [api.allocated_claim(f"seq-{i}", devices[i % len(devices)]) for i in range(prepares)]
             prepare, unprepare = [], []
-            recorder = profiler(py_spy, agent.pid) if py_spy else None
-            for claim in claims:
-                took, answer = timed(lambda c=claim: kubelet.prepare([c]))  # type: ignore[misc]
-                assert not answer.claims[claim["uid"]].error, answer
-                prepare.append(took)
-                unprepare.append(timed(lambda c=claim: kubelet.unprepare([c]))[0])  # type: ignore[misc]
-            if recorder is not None:
-                recorder.send_signal(signal.SIGINT)
-                recorder.wait(timeout=60)
+            with profiled(py_spy, "sequential", agent.pid):
+                for claim in claims:
+                    took, answer = timed(lambda c=claim: kubelet.prepare([c]))  # type: ignore[misc]
+                    assert not answer.claims[claim["uid"]].error, answer
+                    prepare.append(took)
+                    unprepare.append(timed(lambda c=claim: kubelet.unprepare([c]))[0])  # type: ignore[misc]
             figures["empty round trip p50 (ms)"] = pct(empty, 0.5)
             figures["empty round trip p99 (ms)"] = pct(empty, 0.99)
             figures["prepare p50 (ms)"] = pct(prepare, 0.5)
@@ -331,20 +354,30 @@ def run(prepares: int, settle: float, py_spy: str = "") -> dict[str, float]:
                 figures["unprepare p50 (ms)"] / figures["empty round trip p50 (ms)"]
             )
 
-            burst = [api.allocated_claim(f"burst-{i}", devices[i % len(devices)]) for i in range(BURST)]
-            with sampling(lambda: api_connections(agent.pid, port)) as connections:
-                start = time.perf_counter()
-                futures = [kubelet.prepare_future([c]) for c in burst]
-                answers = [f.result() for f in futures]
-                wall = time.perf_counter() - start
-            figures["burst wall (ms)"] = wall * 1000
-            figures["burst errors"] = sum(
-                1 for a, c in zip(answers, burst, strict=True) if a.claims[c["uid"]].error
-            )
-            figures["burst TCP connections to the API server (max)"] = max(connections, default=0)
-            kubelet.unprepare(burst)
-            time.sleep(settle)
-            figures["RSS after prepares + burst (MiB)"] = rss_mib(agent.pid)
+            figures["RSS after the prepares (MiB)"] = rss_mib(agent.pid)
+            for round_ in (1, 2):  # a second burst shows whether memory grows per burst
+                burst = [
+                    api.allocated_claim(f"burst{round_}-{i}", devices[i % len(devices)]) for i in range(BURST)
+                ]
+                with (
+                    profiled(py_spy if round_ == 1 else "", "burst", agent.pid),
+                    sampling(lambda: api_connections(agent.pid, port)) as connections,
+                ):
+                    start = time.perf_counter()
+                    futures = [kubelet.prepare_future([c]) for c in burst]
+                    answers = [f.result() for f in futures]
+                    wall = time.perf_counter() - start
+                errors = sum(1 for a, c in zip(answers, burst, strict=True) if a.claims[c["uid"]].error)
+                kubelet.unprepare(burst)
+                time.sleep(settle)
+                if round_ == 1:
+                    figures["burst wall (ms)"] = wall * 1000
+                    figures["burst errors"] = errors
+                    figures["burst TCP connections to the API server (max)"] = max(connections, default=0)
+                    figures["RSS after prepares + burst (MiB)"] = rss_mib(agent.pid)
+                else:
+                    figures["second burst wall (ms)"] = wall * 1000
+                    figures["RSS after a second burst (MiB)"] = rss_mib(agent.pid)
             figures["peak RSS (MiB)"] = rss_mib(agent.pid, "VmHWM")
 
             # kill -9 with a prepared claim; the kubelet retries its prepare until answered.
@@ -373,8 +406,8 @@ def run(prepares: int, settle: float, py_spy: str = "") -> dict[str, float]:
     return figures
 
 
-def main(prepares: int, settle: float, py_spy: str) -> None:
-    figures = run(prepares, settle, py_spy)
+def main(prepares: int, settle: float, py_spy: str, state_parent: str) -> None:
+    figures = run(prepares, settle, py_spy, state_parent)
     width = max(len(k) for k in figures)
     print(f"{'measure'.ljust(width)}  {'value':>9}  target")
     for name, value in figures.items():
@@ -397,7 +430,12 @@ if __name__ == "__main__":
         "--py-spy",
         default="",
         metavar="OUT",
-        help="py-spy (on PATH) records the agent during the sequential prepares: OUT gets collapsed stacks",
+        help="py-spy (on PATH) records the agent: OUT.sequential.txt and OUT.burst.txt (collapsed stacks)",
+    )
+    parser.add_argument(
+        "--state-parent",
+        default="/tmp",
+        help="directory of the checkpoint (a disk, as /var/lib is; /dev/shm leaves the fsyncs out)",
     )
     args = parser.parse_args()
-    main(200 if args.quick else 1000, args.settle, args.py_spy)
+    main(200 if args.quick else 1000, args.settle, args.py_spy, args.state_parent)
