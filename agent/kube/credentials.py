@@ -30,11 +30,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from agent.core.errors import KubeApiError
+import anyio.to_thread
+
+from agent.core.boundedfile import MIB, BoundedFileError, load_yaml
+from agent.core.errors import ConfigError, KubeApiError
 from agent.core.logs import log_fields
 
 log = logging.getLogger("agent.kube.credentials")
 
+MAX_KUBECONFIG_BYTES = 16 * MIB
+"""Far above a kubeconfig with many clusters and embedded certificates."""
 _ROOT = "kubernetes_asyncio"
 _CLIENT = f"{_ROOT}.client"
 
@@ -102,6 +107,28 @@ def lazy_kubernetes_asyncio() -> None:
         loading_config = False
 
 
+def check_kubeconfig(kubeconfig: Path | str | None) -> None:
+    """Refuse a kubeconfig file the library would fail on with a traceback (blocking).
+
+    Each file the library would read (``KUBECONFIG`` may join several with ``:``, default
+    ``~/.kube/config``) must be bounded UTF-8 YAML holding a mapping; a missing file is left to the
+    library's error.
+    """
+    names = str(kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)
+    for name in filter(None, names):
+        path = Path(name).expanduser()
+        if not path.exists():
+            continue
+        try:
+            data = load_yaml(path, max_bytes=MAX_KUBECONFIG_BYTES, what="kubeconfig YAML file")
+        except BoundedFileError as error:
+            raise ConfigError("--kubeconfig", name, error.detail) from None
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(
+                "--kubeconfig", name, "a kubeconfig YAML file: a mapping of clusters, users, contexts"
+            )
+
+
 async def load_credentials(mode: str = "auto", kubeconfig: Path | str | None = None) -> Any:
     """A kubernetes-asyncio ``Configuration`` from the service account or a kubeconfig file.
 
@@ -120,6 +147,7 @@ async def load_credentials(mode: str = "auto", kubeconfig: Path | str | None = N
         if in_cluster:
             config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         else:
+            await anyio.to_thread.run_sync(check_kubeconfig, kubeconfig)
             await config.load_kube_config(
                 config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg
             )

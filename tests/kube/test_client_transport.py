@@ -143,7 +143,7 @@ async def test_query_and_errors(server: FakeServer) -> None:
 async def test_discovery_lists_versions_at_once_and_reports_one_failure(server: FakeServer) -> None:
     kube = KubeClient.from_configuration(configuration(server.url))
     try:
-        with pytest.raises(KubeApiError, match="/apis/resource.k8s.io/v1: 500") as error:
+        with pytest.raises(KubeApiError, match=r"/apis/resource\.k8s\.io/v1: 500") as error:
             await kube.discover()
         assert error.value.status == 500
     finally:
