@@ -118,6 +118,10 @@ class DRAService:
         self._metrics = metrics
         self._ready = preparer_ready
 
+    def preparer_ready(self) -> bool:
+        """False while prepare and unprepare calls wait for the preparer (its checkpoint loading)."""
+        return self._ready is None or self._ready.is_set()
+
     async def prepare(self, version: str, claims: Sequence[ClaimMessage]) -> dict[str, PrepareResult]:
         """A result per requested claim UID."""
 
