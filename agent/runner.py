@@ -26,8 +26,8 @@ from agent.core.errors import KubeApiError
 from agent.health.taints import ClusterTaintSupport, TaintPolicy
 from agent.kube.client import KubeClient
 from agent.kube.events import EventRecorder
+from agent.kube.pool import build_pool
 from agent.kube.publisher import SlicePublisher
-from agent.kube.slices import build_pool
 from agent.kubelet.plugin import KubeletPlugin
 from agent.observe.httpserver import MetricsServer
 from agent.observe.metrics import Metrics
@@ -174,12 +174,14 @@ class AgentParts:
         while True:
             version = await runtime.inventory.wait_changed(version)
             devices = runtime.inventory.devices()
+            # Exactly what the publisher would create on an up-to-date cluster; the Node's uid is unknown.
             slices = build_pool(
                 driver=runtime.driver,
                 node_name=self.config.node_name,
-                node_uid="",
+                node_uid=f"<uid of Node {self.config.node_name}>",
                 devices=devices,
                 taints=self.policy.taint_map(devices, support),
+                support=support,
             )
             document = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": slices}, sort_keys=False)
             self.out.write("---\n" + document)
