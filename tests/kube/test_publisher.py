@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 import pytest
@@ -13,6 +14,7 @@ from agent.core.backend import ConditionKind, HealthEvent
 from agent.core.model import Device, Severity
 from agent.health.taints import ClusterTaintSupport, DeviceTaint, TaintPolicy
 from agent.health.tracker import HealthTracker
+from agent.kube.pool import build_pool
 from tests.kube.harness import DRIVER, NODE, eventually, harness, make_devices
 from tests.support.clock import FakeClock
 
@@ -489,3 +491,41 @@ async def test_each_api_version_publishes_taints_without_rewrites(version: str) 
         h.emu.reset_writes()
         assert (await h.publisher.reconcile()).writes == 0
         assert h.writes() == 0
+
+
+async def test_kube_none_prints_exactly_what_is_published() -> None:
+    """``--kube none`` prints `build_pool`'s slices: the publisher's chunking, owner, shape and taints."""
+    clock = FakeClock()
+    async with harness(version="1.35", devices=make_devices(130)) as h:
+        tracker = HealthTracker(h.inventory, clock, hold_seconds=60)
+        await tracker.handle(dataclasses.replace(XID, device="gpu-70"))
+        await h.settle(lambda: len(h.devices()) == 130 and bool(h.taints("gpu-70")))
+        devices = h.inventory.devices()
+        support = ClusterTaintSupport(max_taints_per_device=16, none_effect=True)
+        uid = h.emu.get("nodes", NODE)["metadata"]["uid"]
+        printed = build_pool(
+            driver=DRIVER,
+            node_name=NODE,
+            node_uid=uid,
+            devices=devices,
+            taints=TaintPolicy.default().taint_map(devices, support),
+            support=support,
+        )
+
+        def comparable(obj: dict[str, Any]) -> tuple[Any, ...]:
+            meta, spec = obj["metadata"], obj["spec"]
+            for device in spec["devices"]:
+                for taint in device.get("taints", []):
+                    taint.pop("timeAdded", None)  # set by the API server
+            return (
+                obj["apiVersion"],
+                meta["generateName"],
+                meta["labels"],
+                meta["ownerReferences"],
+                spec["nodeName"],
+                spec["pool"],
+                spec["devices"],
+            )
+
+        published = sorted((comparable(s) for s in h.slices()), key=repr)
+        assert sorted((comparable(s) for s in printed), key=repr) == published
