@@ -384,14 +384,14 @@ class SlicePublisher:
     async def _reconcile(self) -> PassResult:
         self.passes += 1
         started = self._clock.monotonic()
-        info = await self._kube.ensure_discovered()
-        caps = await self._ensure_capabilities()
-        node_uid = await self._ensure_node()
         for problem in check_slice_spec(
             driver=self.driver, node_name=self._node, pool_name=self._node, device_count=0
         ):
             # The whole pool is unpublishable (bad driver or node name): a config error, not retried fast.
             raise KubeApiError(f"cannot publish ResourceSlices: {problem}", 422, "Invalid")
+        info = await self._kube.ensure_discovered()
+        caps = await self._ensure_capabilities()
+        node_uid = await self._ensure_node()
         devices = self._inventory.devices()
         wanted = self._policy.taint_map(devices, caps.taint_support)
         desired = desired_pool(
@@ -412,10 +412,10 @@ class SlicePublisher:
             # next pass rewrites the slices without) until a probe finds them kept again.
             if self._metrics is not None:
                 self._metrics.dropped_taint_fallbacks.labels(self.driver).inc()
-            self._capabilities = caps.without_slice_taints()
+            caps = self._capabilities = caps.without_slice_taints()
             published = {}
             self._wake.set()
-        if self._capabilities is not None and not self._capabilities.slice_taints:
+        if not caps.slice_taints:
             valid = {str(e["name"]) for chunk in desired.chunks for e in chunk}
             detail = self._report.unpublishable(
                 {d: t for d, t in wanted.items() if d in valid}, info.git_version
