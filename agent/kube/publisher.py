@@ -205,16 +205,23 @@ class SlicePublisher:
         while True:
             await self._clock.sleep(self._resync)
             self._refresh_node = True
-            try:
-                await self._rediscover()
-            except KubeApiError as error:  # the next pass reports an outage
-                log.debug("rediscovery failed", extra=log_fields(driver=self.driver, error=str(error)))
+            await self._rediscover()
             self._wake.set()
 
-    async def _rediscover(self) -> None:
-        """Read the server's version again; probe again after an upgrade or while taints are dropped."""
+    async def _rediscover(self) -> bool:
+        """Read the server's version again; probe again after an upgrade or while taints are dropped.
+
+        False when the server did not answer (the next reconcile pass reports that).
+        """
         before = self._capabilities
-        info = await self._kube.discover()
+        try:
+            version = await self._kube.request("GET", "/version")
+            if before is not None and str(version.get("gitVersion", "")) == before.server_version:
+                info = self._kube.info  # unchanged: no new discovery (it logs)
+            else:
+                info = await self._kube.discover()
+        except KubeApiError:
+            return False
         if before is not None and (
             info.git_version != before.server_version or not before.slice_taints or not before.probed
         ):
@@ -224,6 +231,8 @@ class SlicePublisher:
                     extra=log_fields(driver=self.driver, before=before.server_version, now=info.git_version),
                 )
             self._capabilities = None
+            self._wake.set()
+        return True
 
     async def _reconcile_loop(self) -> None:
         self._wake.set()
@@ -281,10 +290,14 @@ class SlicePublisher:
     async def _watch_slices(self) -> None:
         resource_version = ""
         failures = 0
+        recheck = False
         while True:
             reason = "closed"
             try:
                 await self._kube.ensure_discovered()
+                if recheck:
+                    # A control-plane upgrade restarts the API server and cuts the watch: look again.
+                    recheck = not await self._rediscover()
                 if not resource_version:
                     _, resource_version = await self._kube.list_resource_slices(
                         node_name=self._node, driver=self.driver
@@ -316,7 +329,7 @@ class SlicePublisher:
                 if error.status == 410:
                     reason, resource_version = "expired", ""
                 else:
-                    reason = "error"
+                    reason, recheck = "error", True
                     failures += 1
                     log.debug("slice watch failed", extra=log_fields(driver=self.driver, error=str(error)))
                     self._wake.set()  # a reconcile pass notices (and logs) an outage

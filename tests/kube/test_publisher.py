@@ -529,3 +529,25 @@ async def test_kube_none_prints_exactly_what_is_published() -> None:
 
         published = sorted((comparable(s) for s in h.slices()), key=repr)
         assert sorted((comparable(s) for s in printed), key=repr) == published
+
+
+async def test_an_api_server_restart_is_discovered_without_waiting_for_the_resync() -> None:
+    """An upgrade restarts the API server: the broken watch makes the publisher look again."""
+    async with harness(version="1.34") as h:
+        await h.settle(lambda: len(h.devices()) == 4)
+        h.emu.faults.outage(True)
+        await h.settle(
+            lambda: (
+                h.metric("dra_agent_watch_restarts_total", {"resource": "resourceslices", "reason": "error"})
+                >= 1
+            )
+        )
+        h.emu.version = "1.35"
+        h.emu.registry.release = "1.35"
+        h.emu.faults.outage(False)
+
+        def probed_again() -> bool:
+            caps = h.publisher.capabilities
+            return caps is not None and caps.none_effect
+
+        await h.settle(probed_again, within=3)
