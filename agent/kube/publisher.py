@@ -420,9 +420,15 @@ class SlicePublisher:
         plan = plan_pool(current, desired.chunks, target)
         stored = await self._apply(plan)
         published = desired.taints
-        if desired.taints and _taints_dropped(plan, stored):
+        dropped = _taints_dropped(plan, stored) if desired.taints else ""
+        if dropped:
             # The stored slices lack our taints: DRADeviceTaints is off. Stop sending them (the
             # next pass rewrites the slices without) until a probe finds them kept again.
+            log.warning(
+                "the API server dropped the device taints from our ResourceSlice (feature gate "
+                "DRADeviceTaints is off)",
+                extra=log_fields(driver=self.driver, device=dropped),
+            )
             if self._metrics is not None:
                 self._metrics.dropped_taint_fallbacks.labels(self.driver).inc()
             caps = self._capabilities = caps.without_slice_taints()
@@ -499,11 +505,11 @@ class SlicePublisher:
         self._report.published(taints, {d.name: d.health.message for d in self._inventory.devices()})
 
 
-def _taints_dropped(plan: PoolPlan, stored: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> bool:
-    """Whether a create or update came back without taints that it sent (the Go controller's
-    ``DroppedFieldsError`` for ``DRADeviceTaints``)."""
+def _taints_dropped(plan: PoolPlan, stored: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> str:
+    """A device whose taints a create or update sent and the answer lacks ("" if none): the Go
+    controller's ``DroppedFieldsError`` for ``DRADeviceTaints``."""
     if not plan.creates and not plan.updates:
-        return False
+        return ""
     for sent, answer in stored:
         kept = {
             str(d.get("name")): bool(flat_device(d).get("taints"))
@@ -512,10 +518,5 @@ def _taints_dropped(plan: PoolPlan, stored: Sequence[tuple[Mapping[str, Any], Ma
         }
         for entry in sent["spec"]["devices"]:
             if flat_device(entry).get("taints") and not kept.get(str(entry.get("name")), False):
-                log.warning(
-                    "the API server dropped the device taints from our ResourceSlice (feature gate "
-                    "DRADeviceTaints is off)",
-                    extra=log_fields(device=entry.get("name")),
-                )
-                return True
-    return False
+                return str(entry.get("name"))
+    return ""
