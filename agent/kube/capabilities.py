@@ -18,6 +18,7 @@ a guess, until the next probe succeeds.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -68,9 +69,7 @@ class Capabilities:
 
     def without_slice_taints(self) -> Capabilities:
         """These capabilities once a real write showed the taints dropped."""
-        return Capabilities(
-            self.server_version, False, self.max_taints_per_device, self.none_effect, self.probed
-        )
+        return dataclasses.replace(self, slice_taints=False)
 
 
 def guess(info: ServerInfo) -> Capabilities:
@@ -93,12 +92,15 @@ async def probe(kube: SliceProber, info: ServerInfo, *, driver: str, node_name: 
     ]
     try:
         kept = await _try(kube, info, driver, node_name, new_rules)
-        return Capabilities(info.git_version, kept, 16, True)
     except KubeApiError as error:
         if error.status not in (400, 422):
             raise
-    kept = await _try(kube, info, driver, node_name, [(f"{driver}/probe-0", EFFECT_NO_SCHEDULE)])
-    return Capabilities(info.git_version, kept, 4, False)
+        kept = await _try(kube, info, driver, node_name, [(f"{driver}/probe-0", EFFECT_NO_SCHEDULE)])
+        return Capabilities(info.git_version, kept, 4, False)
+    if not kept:
+        # Dropped before validation, so the limits stay unknown: the version's are the best guess.
+        return dataclasses.replace(guess(info), slice_taints=False, probed=True)
+    return Capabilities(info.git_version, True, 16, True)
 
 
 async def _try(
