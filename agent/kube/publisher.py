@@ -296,8 +296,11 @@ class SlicePublisher:
             try:
                 await self._kube.ensure_discovered()
                 if recheck:
-                    # A control-plane upgrade restarts the API server and cuts the watch: look again.
-                    recheck = not await self._rediscover()
+                    # A control-plane upgrade restarts the API server and cuts the watch: read its
+                    # version before watching again.
+                    if not await self._rediscover():
+                        raise KubeApiError("GET /version: the API server did not answer")
+                    recheck = False
                 if not resource_version:
                     _, resource_version = await self._kube.list_resource_slices(
                         node_name=self._node, driver=self.driver
