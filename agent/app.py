@@ -33,7 +33,10 @@ def create_backends(config: AgentConfig) -> list[Backend]:
     backends: list[Backend] = []
     for spec in config.backends:
         factory = load_backend_factory(spec.name)
-        backends.extend(factory(BackendOptions(config.node_name, spec.driver_name, dict(spec.settings))))
+        options = BackendOptions(
+            config.node_name, spec.driver_name, dict(spec.settings), state_dir=config.state_dir
+        )
+        backends.extend(factory(options))
     seen: set[str] = set()
     for backend in backends:
         if backend.driver_name in seen:

@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import anyio
+import anyio.to_thread
 
-from agent.core.errors import KubeApiError
+from agent.core.boundedfile import MIB, BoundedFileError, load_yaml
+from agent.core.errors import ConfigError, KubeApiError
 from agent.core.logs import log_fields
 from agent.health.taints import ClusterTaintSupport
 
@@ -40,6 +43,8 @@ _EXACT_REQUEST_FIELDS = (
     "adminAccess",
     "tolerations",
 )
+MAX_KUBECONFIG_BYTES = 16 * MIB
+"""Far above a kubeconfig with many clusters and embedded certificates."""
 _NO_DRA_HELP = (
     "the API server does not serve resource.k8s.io ResourceSlices (Dynamic Resource Allocation is off). "
     "Kubernetes 1.34+ enables it by default; on 1.32/1.33 start kube-apiserver, kube-controller-manager, "
@@ -107,6 +112,28 @@ def claim_to_v1(claim: Mapping[str, Any]) -> dict[str, Any]:
     return dict(out)
 
 
+def check_kubeconfig(kubeconfig: Path | str | None) -> None:
+    """Refuse a kubeconfig file the library would fail on with a traceback (blocking).
+
+    Each file the library would read (``KUBECONFIG`` may join several with ``:``, default
+    ``~/.kube/config``) must be bounded UTF-8 YAML holding a mapping; a missing file is left to the
+    library's error.
+    """
+    names = str(kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)
+    for name in filter(None, names):
+        path = Path(name).expanduser()
+        if not path.exists():
+            continue
+        try:
+            data = load_yaml(path, max_bytes=MAX_KUBECONFIG_BYTES, what="kubeconfig YAML file")
+        except BoundedFileError as error:
+            raise ConfigError("--kubeconfig", name, error.detail) from None
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(
+                "--kubeconfig", name, "a kubeconfig YAML file: a mapping of clusters, users, contexts"
+            )
+
+
 class KubeClient:
     """Raw-JSON access to the parts of the Kubernetes API the agent uses.
 
@@ -136,6 +163,7 @@ class KubeClient:
             if in_cluster:
                 config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
             else:
+                await anyio.to_thread.run_sync(check_kubeconfig, kubeconfig)
                 await config.load_kube_config(
                     config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg
                 )

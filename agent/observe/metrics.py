@@ -7,6 +7,8 @@ calls a vendor library, so a scrape never blocks on hardware.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from agent import __version__
@@ -18,6 +20,46 @@ TELEMETRY_LABELS = ("driver", "pool", "device", "uuid", "pci_bus_id", "product")
 CLAIM_OPERATIONS = ("prepare", "unprepare")
 HEALTH_LABELS = tuple(status.value.lower() for status in HealthStatus)
 """Values of the ``health`` label of `Metrics.devices`: healthy, unhealthy, unknown."""
+
+# The label values below are created at 0 at start, so `increase()` sees the first event of each
+# (a counter series born at 1 shows no increase). tests/observability/test_metrics.py checks that
+# the code raises no reason missing here.
+CLAIM_RESULTS = ("success", "error")
+CLAIM_ERROR_REASONS: Mapping[str, tuple[str, ...]] = {
+    "prepare": (
+        "api",
+        "claim_state",
+        "invalid",
+        "other_node",
+        "unknown_device",
+        "backend",
+        "cdi",
+        "checkpoint",
+        "internal",
+    ),
+    "unprepare": ("backend", "cdi", "checkpoint", "internal"),
+}
+"""``reason`` values of `Metrics.claim_errors` per operation (agent/claims/state.py, reader.py)."""
+PUBLISH_ERROR_REASONS = (
+    "unreachable",
+    "throttled",
+    "conflict",
+    "server_error",
+    "node_missing",
+    "internal",
+    "taints_unsupported",
+)
+"""``reason`` values of `Metrics.publish_errors` known in advance (agent/kube/publisher.py); refusals
+add ``http_<status>``."""
+CHECKPOINT_RECOVERY_REASONS = (
+    "unreadable",
+    "invalid_json",
+    "unknown_version",
+    "invalid_schema",
+    "checksum_mismatch",
+)
+"""``reason`` values of `Metrics.checkpoint_recoveries` (agent/claims/checkpoint.py)."""
+REGISTRATION_RESULTS = ("accepted", "refused")
 
 
 class Metrics:
@@ -245,8 +287,12 @@ class Metrics:
             registry=r,
         )
 
-    def init_driver(self, driver: str) -> None:
-        """Create at zero the series of `driver` whose label values are known at start."""
+    def init_driver(self, driver: str, conditions: Iterable[str] = ()) -> None:
+        """Create at zero the series of `driver` whose label values are known at start.
+
+        `conditions` are the health conditions the driver's backend can report
+        (`agent.core.backend.declared_conditions`).
+        """
         self.registration_status.labels(driver)
         self.prepared_claims.labels(driver)
         self.prepared_devices.labels(driver)
@@ -260,5 +306,17 @@ class Metrics:
         self.telemetry_errors.labels(driver)
         for operation in CLAIM_OPERATIONS:
             self.claim_latency.labels(driver, operation)
+            for result in CLAIM_RESULTS:
+                self.claim_operations.labels(driver, operation, result)
+            for reason in CLAIM_ERROR_REASONS[operation]:
+                self.claim_errors.labels(driver, operation, reason)
         for health in HEALTH_LABELS:
             self.devices.labels(driver, health)
+        for condition in conditions:
+            self.health_events.labels(driver, condition)
+        for reason in PUBLISH_ERROR_REASONS:
+            self.publish_errors.labels(driver, reason)
+        for result in REGISTRATION_RESULTS:
+            self.registration_notifications.labels(driver, result)
+        for reason in CHECKPOINT_RECOVERY_REASONS:  # no driver label: the same series for every driver
+            self.checkpoint_recoveries.labels(reason)

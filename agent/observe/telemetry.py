@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import Gauge
 
-from agent.core.backend import Backend, DeviceTelemetry, HealthEvent, HealthSink
+from agent.core.backend import Backend, DeviceTelemetry, HealthEvent, HealthSink, declared_conditions
 from agent.core.clock import Clock, SystemClock
 from agent.core.inventory import Inventory
 from agent.core.logs import log_fields
@@ -86,7 +86,7 @@ class TelemetryPoller:
         self.failures = 0
         self._series: dict[Gauge, set[LabelValues]] = {}
         self._fields = _fields(metrics)
-        metrics.init_driver(backend.driver_name)
+        metrics.init_driver(backend.driver_name, declared_conditions(backend))
         if readiness is not None:
             readiness.expect(self.check)
 

@@ -16,7 +16,7 @@ from agent.core.logs import log_fields
 from agent.core.model import Device
 from backends.amd.discovery import DEFAULT_DRIVER_NAME, Discovery, Sysfs, build_devices, read_processors
 from backends.amd.edits import StatFn, container_edits
-from backends.amd.health import HealthMonitor, HealthSettings
+from backends.amd.health import CONDITIONS, HealthMonitor, HealthSettings
 from backends.amd.smi import SmiLibrary, check_module, describe, handle_key, import_amdsmi, init_error
 from backends.amd.telemetry import read_telemetry
 
@@ -65,6 +65,8 @@ def _identity(discovery: Discovery) -> set[tuple[str, int]]:
 
 class AmdBackend:
     """Serves one DRA driver name (``gpu.amd.com`` by default) from what amdsmi sees."""
+
+    health_conditions = CONDITIONS
 
     def __init__(
         self,

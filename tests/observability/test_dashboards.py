@@ -1,4 +1,5 @@
-"""The Grafana dashboards load as dashboard models and query only metrics the agent exports."""
+"""The Grafana dashboards load as dashboard models, query only metrics and labels the agent (or the
+chart's scrape) gives, and colour their stat tiles by meaning."""
 
 from __future__ import annotations
 
@@ -8,46 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
 
-from agent.observe.metrics import Metrics
+from tests.deploy.chart import render_objects
+from tests.observability.promql import CHART_LABELS, exported_labels, metric_names, unknown_labels
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 DASHBOARDS = sorted(GRAFANA.glob("*.json"))
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-# Series Prometheus itself adds to every target.
-PROMETHEUS_SERIES = {"up"}
-PROMQL_WORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
-    "offset", "le", "inf", "nan", "vector", "time",
-}  # fmt: skip
-_SUFFIXES = {"histogram": ("_bucket", "_count", "_sum"), "counter": ("",), "gauge": ("",), "info": ("",)}
-
-
-def exported_series() -> set[str]:
-    """Every sample name the agent's /metrics can show (from the TYPE lines of a fresh registry)."""
-    text = generate_latest(Metrics().registry).decode()
-    names: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split()
-            names.update(name + suffix for suffix in _SUFFIXES.get(kind, ("",)))
-    return names
-
-
-def metric_names(expr: str) -> set[str]:
-    """The metric names a PromQL expression selects (not functions, labels, keywords or variables)."""
-    text = re.sub(r'"[^"]*"', "", expr)
-    text = re.sub(r"\{[^}]*\}", "", text)
-    text = re.sub(r"\[[^\]]*\]", "", text)
-    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
-    text = re.sub(r"\$\w+", "", text)
-    found = set()
-    for match in re.finditer(r"(?<![\w.])([a-zA-Z_:][\w:]*)(\s*\()?", text):
-        name, call = match.group(1), match.group(2)
-        if not call and name.lower() not in PROMQL_WORDS:
-            found.add(name)
-    return found
+_LABEL_VALUES = re.compile(r"^label_values\((.*),\s*(\w+)\)$")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -102,18 +71,106 @@ def test_dashboard_model(path: Path) -> None:
             assert variable["datasource"] == DATASOURCE
 
 
-@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
-def test_dashboard_queries_only_exported_metrics(path: Path) -> None:
-    exported = exported_series() | PROMETHEUS_SERIES
-    dashboard = load(path)
-    exprs = [t["expr"] for t in targets(dashboard)]
+def queries(dashboard: dict[str, Any]) -> list[tuple[str, set[str]]]:
+    """Each PromQL query of the dashboard with the labels its legend or variable reads."""
+    found = [
+        (t["expr"], set(re.findall(r"\{\{\s*(\w+)\s*\}\}", t.get("legendFormat", ""))))
+        for t in targets(dashboard)
+    ]
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":
-            exprs.append(re.sub(r"^label_values\((.*),\s*\w+\)$", r"\1", variable["definition"]))
-    queried = set().union(*(metric_names(e) for e in exprs))
+            match = _LABEL_VALUES.match(variable["definition"])
+            assert match, variable["definition"]
+            found.append((match.group(1), {match.group(2)}))
+    return found
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_dashboard_queries_only_exported_metrics(path: Path) -> None:
+    exported = exported_labels()
+    queried = set().union(*(metric_names(expr) for expr, _ in queries(load(path))))
     assert queried, "no metrics found"
-    unknown = sorted(queried - exported)
+    unknown = sorted(queried - set(exported))
     assert not unknown, f"{path.name} queries metrics the agent does not export: {unknown}"
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_dashboard_queries_only_labels_the_series_have(path: Path) -> None:
+    """Labels come from the agent, from Prometheus (job, instance) or from the chart's monitors
+    (node): a dashboard needing another label shows "no data"."""
+    exported = exported_labels()
+    for expr, legend in queries(load(path)):
+        unknown = unknown_labels(expr, exported, legend)
+        assert not unknown, f"{path.name}: {expr!r} uses labels no series has: {sorted(unknown)}"
+
+
+def test_label_check_is_not_vacuous() -> None:
+    exported = exported_labels()
+    assert unknown_labels(
+        'sum by (driver, gpu) (dra_agent_devices{health="healthy", pod="p"})', exported
+    ) == {
+        "gpu",
+        "pod",
+    }
+    assert unknown_labels("dra_agent_devices", exported, {"vendor"}) == {"vendor"}
+    assert not unknown_labels('max by (node, instance) (dra_agent_devices{job="x"})', exported)
+
+
+def test_the_chart_adds_the_node_label_in_both_monitors() -> None:
+    """templates/_monitoring.tpl: the node label the dashboards rely on (CHART_LABELS)."""
+    values = {"metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}}
+    monitors = [o for o in render_objects(values) if o["kind"] in {"ServiceMonitor", "PodMonitor"}]
+    assert len(monitors) == 2
+    for monitor in monitors:
+        (endpoint,) = monitor["spec"].get("endpoints") or monitor["spec"]["podMetricsEndpoints"]
+        added = {r["targetLabel"] for r in endpoint["relabelings"]}
+        assert added == set(CHART_LABELS), monitor["kind"]
+        assert endpoint["relabelings"] == [
+            {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
+        ]
+
+
+STAT_COLOURS = {
+    # dashboard stem, tile title: {value: colour}
+    ("fleet-overview", "Unhealthy devices"): {0: "green", 1: "red"},
+    ("fleet-overview", "Active device taints"): {0: "green", 1: "orange"},
+    ("fleet-overview", "Nodes not ready"): {0: "green", 1: "red"},
+    ("node-drilldown", "Kubelet registration"): {0: "red", 1: "green"},
+    ("node-drilldown", "Health monitor last answer (age)"): {10: "green", 60: "orange", 180: "red"},
+    ("node-drilldown", "Health stream watchers"): {0: "blue", 3: "blue"},
+}
+"""What each stat tile's colour says (the alert thresholds where one exists)."""
+
+
+def threshold_colour(panel: dict[str, Any], value: float) -> str:
+    """The colour Grafana gives `value` from the tile's absolute thresholds."""
+    thresholds = panel["fieldConfig"]["defaults"]["thresholds"]
+    assert thresholds["mode"] == "absolute", panel["title"]
+    steps = thresholds["steps"]
+    assert steps[0]["value"] is None, f"{panel['title']}: the first step is the base (value null)"
+    limits = [s["value"] for s in steps[1:]]
+    assert limits == sorted(limits), panel["title"]
+    colour: str = steps[0]["color"]
+    for step in steps[1:]:
+        if value >= step["value"]:
+            colour = step["color"]
+    return colour
+
+
+def test_stat_tiles_are_coloured_by_their_thresholds() -> None:
+    """Without thresholds Grafana's default (green, red from 80) keeps "Unhealthy devices" green."""
+    tiles = {
+        (path.stem, panel["title"]): panel
+        for path in DASHBOARDS
+        for panel in load(path)["panels"]
+        if panel["type"] == "stat"
+    }
+    assert set(tiles) == set(STAT_COLOURS), "give each stat tile its colours in STAT_COLOURS"
+    for key, colours in STAT_COLOURS.items():
+        panel = tiles[key]
+        assert panel["options"]["colorMode"] in {"background", "value"}, key
+        for value, colour in colours.items():
+            assert threshold_colour(panel, value) == colour, (key, value)
 
 
 def test_dashboards_cover_the_issue_panels() -> None:

@@ -52,7 +52,7 @@ app.kubernetes.io/part-of: dra-agent
 {{- $specs := list -}}
 {{- with .Values.backends.nvidia -}}
 {{- if .enabled -}}
-{{- $settings := merge (dict "driver" .driverName "driver-root" .driverRoot) (deepCopy .settings) -}}
+{{- $settings := merge (dict "driver" .driverName "driver-root" .driverRoot "host-root" "/host") (deepCopy .settings) -}}
 {{- $specs = append $specs (printf "nvidia:%s" (include "dra-agent.settings" $settings)) -}}
 {{- end -}}
 {{- end -}}
