@@ -481,7 +481,7 @@ async def test_recreated_node_gets_slices_owned_by_its_new_uid() -> None:
         assert owned_by_new_node()
 
 
-@pytest.mark.parametrize("version", ["1.33", "1.34", "1.35"])
+@pytest.mark.parametrize("version", ["1.33", "1.34", "1.35", "1.36"])
 async def test_each_api_version_publishes_taints_without_rewrites(version: str) -> None:
     async with harness(version=version) as h:
         tracker = HealthTracker(h.inventory, FakeClock(), hold_seconds=60)
@@ -551,3 +551,11 @@ async def test_an_api_server_restart_is_discovered_without_waiting_for_the_resyn
             return caps is not None and caps.none_effect
 
         await h.settle(probed_again, within=3)
+
+
+async def test_on_136_the_gate_is_on_by_default_and_probed() -> None:
+    """``DRADeviceTaints`` is beta and on by default from 1.36 (``pkg/features/kube_features.go``)."""
+    async with harness(version="1.36", gates={}) as h:
+        await h.settle(lambda: len(h.devices()) == 4)
+        caps = h.publisher.capabilities
+        assert caps is not None and caps.probed and caps.slice_taints and caps.none_effect
