@@ -7,7 +7,7 @@
   lasts while at least one device has a taint that cannot be published: it starts with one
   error log naming the gate, one Event and one count of
   ``dra_agent_publish_errors_total{reason="taints_unsupported"}``; the gauge
-  ``dra_agent_unpublishable_taint_devices`` says how many devices wait, and the ``published/``
+  ``dra_agent_unpublishable_devices`` says how many devices wait, and the ``published/``
   readiness check carries the detail (the pool itself is published, so it stays ready).
 
 Events go to an `EventQueue`, never awaited here.
@@ -147,7 +147,7 @@ class PoolReport:
             )
         self._unpublishable = now
         if self._metrics is not None:
-            self._metrics.unpublishable_taint_devices.labels(self.driver).set(len(now))
+            self._metrics.unpublishable_devices.labels(self.driver).set(len(now))
         if not now:
             return ""
         return f"taints of {len(now)} device(s) cannot be published ({names}): enable the {TAINTS_GATE} gate"

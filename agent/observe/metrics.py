@@ -190,8 +190,8 @@ class Metrics:
             ("driver",),
             registry=r,
         )
-        self.unpublishable_taint_devices = Gauge(
-            "dra_agent_unpublishable_taint_devices",
+        self.unpublishable_devices = Gauge(
+            "dra_agent_unpublishable_devices",
             "Devices that should be tainted but whose taints the API server drops (enable DRADeviceTaints).",
             ("driver",),
             registry=r,
@@ -300,7 +300,7 @@ class Metrics:
         self.slices_published.labels(driver)
         self.publish_latency.labels(driver)
         self.dropped_taint_fallbacks.labels(driver)
-        self.unpublishable_taint_devices.labels(driver)
+        self.unpublishable_devices.labels(driver)
         self.monitor_last_seen.labels(driver)
         self.telemetry_read_seconds.labels(driver)
         self.telemetry_errors.labels(driver)

@@ -257,9 +257,9 @@ async def test_dropped_taints_make_devices_unpublishable(caplog: pytest.LogCaptu
         await tracker.handle(XID)
         await h.settle(lambda: not h.publisher.taints_in_slices)
         unpublishable = {"driver": DRIVER}
-        await h.settle(lambda: h.metric("dra_agent_unpublishable_taint_devices", unpublishable) == 1)
+        await h.settle(lambda: h.metric("dra_agent_unpublishable_devices", unpublishable) == 1)
         await tracker.handle(dataclasses.replace(XID, device="gpu-2"))
-        await h.settle(lambda: h.metric("dra_agent_unpublishable_taint_devices", unpublishable) == 2)
+        await h.settle(lambda: h.metric("dra_agent_unpublishable_devices", unpublishable) == 2)
         assert readiness[-1][0] and "DRADeviceTaints" in readiness[-1][1]
         assert "gpu-1" in h.devices() and not h.taints("gpu-1")
         assert h.metric("dra_agent_taints_dropped_by_apiserver_total", {"driver": DRIVER}) == 1
@@ -274,7 +274,7 @@ async def test_dropped_taints_make_devices_unpublishable(caplog: pytest.LogCaptu
         # The gate comes back: the next resync probes again and the taints are published.
         h.emu.set_feature_gate("DRADeviceTaints", True)
         await h.settle(lambda: bool(h.taints("gpu-1")) and bool(h.taints("gpu-2")))
-        await h.settle(lambda: h.metric("dra_agent_unpublishable_taint_devices", unpublishable) == 0)
+        await h.settle(lambda: h.metric("dra_agent_unpublishable_devices", unpublishable) == 0)
         await h.settle(lambda: readiness[-1] == (True, ""))
 
 
