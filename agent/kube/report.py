@@ -25,7 +25,7 @@ from agent.kube.events import NORMAL, WARNING
 from agent.kube.validation import Problem
 from agent.observe.metrics import Metrics
 
-log = logging.getLogger("agent.kube.publisher")
+log = logging.getLogger("agent.kube.publisher")  # the publisher's own reports: one logger to filter
 
 TAINTS_GATE = "DRADeviceTaints"
 
