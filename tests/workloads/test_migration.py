@@ -235,3 +235,13 @@ async def test_no_device_plugins_directory_means_nothing_to_report(kubelet_root:
         "gpu.nvidia.com", kubelet_root / "absent", Metrics(), events, excluding=False
     )
     assert found == [] and events.recorded == []
+
+
+def test_the_chart_passes_exclude_devices_to_the_backend() -> None:
+    values = {"backends": {"nvidia": {"enabled": True, "settings": {"exclude-devices": "GPU-a+GPU-b"}}}}
+    (daemonset,) = [o for o in render_objects(values) if o["kind"] == "DaemonSet"]
+    text = str(daemonset["spec"]["template"]["spec"]["containers"])
+    assert "exclude-devices=GPU-a+GPU-b" in text
+    spec = next(s for s in text.split("'") if s.startswith("nvidia:"))
+    settings = parse_backend_spec(spec).settings
+    assert parse_exclusions(settings["exclude-devices"]) == {"GPU-a", "GPU-b"}
