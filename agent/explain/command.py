@@ -91,6 +91,7 @@ def _evaluate(inputs: Inputs, node: str, config: AgentConfig) -> Report:
         slices=inputs.slices,
         other_claims=inputs.other_claims,
         placement=placement(claim, node, config.state_dir, config.cdi_root),
+        notes=inputs.notes,
     )
 
 
@@ -115,6 +116,8 @@ def print_report(report: Report, fmt: str, out: TextIO) -> None:
                 out.write(f"  excluded  {device.device}: {'; '.join(device.reasons)}\n")
     for constraint in report.constraints:
         out.write(f"{constraint}\n")
+    for note in report.notes:
+        out.write(f"note: {note}\n")
     if report.placement is not None:
         p = report.placement
         out.write(

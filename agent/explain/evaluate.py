@@ -11,7 +11,7 @@ as ``resourceclaim.ToleratesTaint``), then the request's capacity, then the clai
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agent.core.cel import CelCompileError, CelError, compile_check, matches, referenced_values
@@ -76,7 +76,7 @@ class Report:
     requests: tuple[RequestReport, ...]
     constraints: tuple[str, ...] = ()
     placement: Placement | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``-o yaml|json``."""
@@ -266,6 +266,7 @@ def explain(
     slices: Sequence[Mapping[str, Any]],
     other_claims: Sequence[Mapping[str, Any]] = (),
     placement: Placement | None = None,
+    notes: Sequence[str] = (),
 ) -> Report:
     """The report for `claim` against this node's `slices` (raises `ExplainError` on bad selectors)."""
     compile_selectors(claim, classes)
@@ -341,6 +342,7 @@ def explain(
         requests=tuple(reports),
         constraints=tuple(constraints),
         placement=placement,
+        notes=tuple(notes),
     )
 
 

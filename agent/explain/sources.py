@@ -6,15 +6,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
 from agent.claims.cdi import spec_file_name
-from agent.claims.checkpoint import CHECKPOINT_FILE, ClaimPhase, decode
+from agent.claims.checkpoint import CHECKPOINT_FILE, MAX_CHECKPOINT_BYTES, ClaimPhase, decode
+from agent.core.boundedfile import MAX_DEPTH, MIB, BoundedFileError, read_bytes, read_text, yaml_depth_exceeds
 from agent.core.errors import KubeApiError
 from agent.explain.evaluate import ExplainError, Placement, allocation_results, requests_of
-from agent.kube.client import RESOURCE_GROUP, KubeClient, claim_to_v1
+from agent.kube.client import RESOURCE_GROUP, claim_to_v1
+
+MAX_INPUT_BYTES = 64 * MIB
+"""--file and --slices: far above a node's slices printed many times over."""
 
 
 @dataclass(frozen=True)
@@ -23,13 +27,29 @@ class Inputs:
     classes: Mapping[str, Mapping[str, Any] | None]
     slices: Sequence[Mapping[str, Any]]
     other_claims: Sequence[Mapping[str, Any]]
+    notes: tuple[str, ...] = ()
+
+
+class ApiReader(Protocol):
+    """What explain reads through (`agent.kube.client.KubeClient`)."""
+
+    @property
+    def slice_version(self) -> str: ...
+
+    async def ensure_discovered(self) -> object: ...
+
+    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    async def request(
+        self, method: str, path: str, *, query: Sequence[tuple[str, str]] = (), body: Any = None
+    ) -> dict[str, Any]: ...
 
 
 def class_names(claim: Mapping[str, Any]) -> set[str]:
     return {str(r.spec.get("deviceClassName", "")) for r in requests_of(claim)} - {""}
 
 
-async def from_api(kube: KubeClient, namespace: str, name: str, node: str) -> Inputs:
+async def from_api(kube: ApiReader, namespace: str, name: str, node: str) -> Inputs:
     """Read everything from the API server; a missing claim is an `ExplainError`."""
     await kube.ensure_discovered()
     base = f"/apis/{RESOURCE_GROUP}/{kube.slice_version}"
@@ -44,30 +64,44 @@ async def from_api(kube: KubeClient, namespace: str, name: str, node: str) -> In
         try:
             classes[class_name] = await kube.request("GET", f"{base}/deviceclasses/{class_name}")
         except KubeApiError as error:
+            if error.status == 403:
+                raise ExplainError(
+                    f"cannot read DeviceClass {class_name}: forbidden; run explain with credentials that may "
+                    "get deviceclasses and list resourceslices and resourceclaims (--kube kubeconfig)"
+                ) from error
             if error.status != 404:
                 raise
             classes[class_name] = None
     slices = await kube.request(
         "GET", f"{base}/resourceslices", query=[("fieldSelector", f"spec.nodeName={node}")]
     )
-    claims = await kube.request("GET", f"{base}/resourceclaims")
+    notes: tuple[str, ...] = ()
+    try:
+        claims = await kube.request("GET", f"{base}/resourceclaims")
+    except KubeApiError as error:
+        if error.status != 403:
+            raise
+        claims = {}
+        notes = ("cannot list ResourceClaims (forbidden): devices allocated to other claims are not shown",)
     convert = claim_to_v1 if kube.slice_version == "v1beta1" else dict
     return Inputs(
         claim=claim,
         classes=classes,
         slices=[s for s in slices.get("items") or [] if isinstance(s, Mapping)],
         other_claims=[convert(c) for c in claims.get("items") or [] if isinstance(c, Mapping)],
+        notes=notes,
     )
 
 
 def _documents(path: Path, flag: str) -> list[list[Mapping[str, Any]]]:
-    """The objects of each YAML document of `path` (a ``List`` gives its items)."""
+    """The objects of each YAML document of `path` (a ``List`` gives its items), read within bounds."""
     try:
-        text = path.read_text()
-    except OSError as error:
-        raise ExplainError(f"{flag} {path}: cannot read: {error.strerror or error}") from error
-    try:
+        text = read_text(path, max_bytes=MAX_INPUT_BYTES, what=f"{flag} file")
+        if yaml_depth_exceeds(text, MAX_DEPTH):
+            raise ExplainError(f"{flag} {path}: nests deeper than {MAX_DEPTH} levels")
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except BoundedFileError as error:
+        raise ExplainError(f"{flag}: {error}") from error
     except yaml.YAMLError as error:
         raise ExplainError(f"{flag} {path}: not YAML: {str(error).splitlines()[0]}") from error
     out: list[list[Mapping[str, Any]]] = []
@@ -131,10 +165,14 @@ def placement(claim: Mapping[str, Any], node: str, state_dir: Path, cdi_root: Pa
     drivers = sorted({str(r.get("driver")) for r in results})
     states = []
     for driver in drivers:
+        path = state_dir / driver / CHECKPOINT_FILE
+        if not path.exists():
+            states.append("no")
+            continue
         try:
-            entry = decode((state_dir / driver / CHECKPOINT_FILE).read_bytes()).entries.get(uid)
-        except FileNotFoundError:
-            entry = None
+            entry = decode(read_bytes(path, max_bytes=MAX_CHECKPOINT_BYTES, what="checkpoint")).entries.get(
+                uid
+            )
         except Exception:  # unreadable or corrupt: say unknown rather than guess
             states.append("unknown")
             continue

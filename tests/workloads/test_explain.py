@@ -17,11 +17,15 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.claims.state import DeviceState
 from agent.cli import main
+from agent.core.backend import ClaimRef
+from agent.core.errors import KubeApiError
 from agent.emulator import KubeApiEmulator
 from agent.explain.evaluate import ExplainError, Report, explain
-from agent.explain.sources import from_api
+from agent.explain.sources import from_api, placement
 from agent.kube.client import KubeClient
+from tests.kubelet.fakes import FakeBackend, FakeClaimSource
 
 NODE = "node-a"
 NV = "gpu.nvidia.com"
@@ -317,3 +321,71 @@ async def test_from_the_api_server_and_a_missing_claim() -> None:
                 await from_api(kube, "ml", "absent", NODE)
         finally:
             await kube.close()
+
+
+class ForbiddenLists:
+    """An API reader whose credentials may read the claim and classes but not list claims."""
+
+    slice_version = "v1"
+
+    def __init__(self, forbid_classes: bool = False) -> None:
+        self.forbid_classes = forbid_classes
+
+    async def ensure_discovered(self) -> object:
+        return None
+
+    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return claim()
+
+    async def request(
+        self, method: str, path: str, *, query: Sequence[tuple[str, str]] = (), body: Any = None
+    ) -> dict[str, Any]:
+        if path.endswith("/resourceclaims") or (self.forbid_classes and "/deviceclasses/" in path):
+            raise KubeApiError(f"{method} {path}: forbidden", status=403)
+        if "/deviceclasses/" in path:
+            return device_class()
+        return {"items": slices()}
+
+
+async def test_forbidden_lists_are_a_note_and_forbidden_classes_one_clear_error() -> None:
+    inputs = await from_api(ForbiddenLists(), "ml", "train", NODE)
+    assert inputs.notes == (
+        "cannot list ResourceClaims (forbidden): devices allocated to other claims are not shown",
+    )
+    with pytest.raises(ExplainError, match=f"cannot read DeviceClass {NV}: forbidden; run explain with"):
+        await from_api(ForbiddenLists(forbid_classes=True), "ml", "train", NODE)
+
+
+async def test_an_allocated_claim_prepared_here_shows_checkpoint_cdi_spec_and_pods(tmp_path: Path) -> None:
+    c = claim()
+    c["status"] = {
+        "allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": NV, "pool": NODE, "device": "gpu-1"}]}
+        },
+        "reservedFor": [{"resource": "pods", "name": "trainer-0", "uid": "p1"}],
+    }
+    state = DeviceState(
+        NV,
+        FakeBackend(driver=NV),
+        FakeClaimSource([c]),
+        node_name=NODE,
+        cdi_root=tmp_path / "cdi",
+        state_dir=tmp_path / "state" / NV,  # as the runner lays it out: <state dir>/<driver>
+        boot_id="boot-1",
+    )
+    await state.start()
+    await state.prepare([ClaimRef("ml", "train", "uid-train")])
+    where = placement(c, NODE, tmp_path / "state", tmp_path / "cdi")
+    assert where is not None
+    assert (where.devices, where.prepared, where.pods) == ((f"{NV}/{NODE}/gpu-1",), "yes", ("trainer-0",))
+    assert where.cdi_spec == (str(tmp_path / "cdi" / f"k8s.{NV}-claim_uid-train.yaml"),)
+
+
+def test_an_unreadable_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "claim.yaml").write_bytes(b"\xff\xfe not utf-8")
+    slices_file = write(tmp_path / "s.yaml", *slices())
+    assert (
+        main(["explain", "claim", "--file", str(tmp_path / "claim.yaml"), "--slices", str(slices_file)]) == 1
+    )
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("dra-agent: error: --file") and "claim.yaml" in line
