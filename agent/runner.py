@@ -89,7 +89,6 @@ class AgentParts:
                 inventories={d: r.inventory for d, r in agent.drivers.items()},
                 claims=self.kube,
                 pod_resources=PodResourcesClient(default_socket(self.config.plugins_dir)),
-                clock=self.clock,
             )
             parts.append(Part("workloads", self.workloads.run))
         for runtime in agent.drivers.values():

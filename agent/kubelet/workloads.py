@@ -19,7 +19,6 @@ import anyio
 
 from agent.claims.preparer import ClaimSource
 from agent.core.backend import ClaimRef
-from agent.core.clock import Clock, SystemClock
 from agent.core.errors import KubeApiError
 from agent.core.inventory import Inventory
 from agent.core.logs import log_fields
@@ -50,7 +49,6 @@ class WorkloadAttribution:
         inventories: Mapping[str, Inventory],
         claims: ClaimSource | None,
         pod_resources: DeviceLister | None,
-        clock: Clock | None = None,
         refresh_seconds: float = REFRESH_SECONDS,
     ) -> None:
         self.series = series
@@ -58,7 +56,6 @@ class WorkloadAttribution:
         self.inventories = inventories
         self.claims = claims
         self.pod_resources = pod_resources
-        self.clock = clock or SystemClock()
         self.refresh_seconds = refresh_seconds
         self._prepared: dict[str, dict[ClaimRef, tuple[str, ...]]] = {}
         self._consumers: dict[str, dict[str, frozenset[Consumer]]] = {}
@@ -93,10 +90,9 @@ class WorkloadAttribution:
         reported = await self._from_pod_resources()
         for ref in refs:
             found = reported.get((ref.namespace, ref.name))
-            if found:
-                self._consumers[ref.uid] = found
-            elif ref.uid in self._prepared_uids():
-                self._consumers[ref.uid] = {"": await self._from_reserved_for(ref)}
+            consumers = found or {"": await self._from_reserved_for(ref)}
+            if ref.uid in self._prepared_uids():  # not unprepared while we were reading
+                self._consumers[ref.uid] = consumers
         for driver in self._prepared:
             self._publish(driver)
 
