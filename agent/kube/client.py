@@ -1,4 +1,4 @@
-"""The agent's Kubernetes API client: discovery, ResourceSlices, claims, events, DeviceTaintRules.
+"""The agent's Kubernetes API client: discovery, ResourceSlices, claims, events.
 
 Requests and answers are plain JSON dicts: the resource.k8s.io shapes differ between v1, v1beta2
 and v1beta1 and typed models would only add churn (and ~700 classes of memory). kubernetes-asyncio
@@ -395,6 +395,10 @@ class KubeClient:
     async def create_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request("POST", self._slices_path(), body=dict(body))
 
+    async def dry_run_create_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate and default a slice as a create would, storing nothing (``dryRun=All``)."""
+        return await self.request("POST", self._slices_path(), query=[("dryRun", "All")], body=dict(body))
+
     async def update_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Replace a slice; its ``metadata.resourceVersion`` makes a stale update fail with 409."""
         name = str(body["metadata"]["name"])
@@ -424,37 +428,6 @@ class KubeClient:
         path = f"/apis/{RESOURCE_GROUP}/{self.slice_version}/namespaces/{namespace}/resourceclaims/{name}"
         claim = await self.request("GET", path)
         return claim_to_v1(claim) if self.slice_version == "v1beta1" else claim
-
-    # ----- DeviceTaintRules ---------------------------------------------------------------
-
-    def _rules_path(self, name: str = "") -> str:
-        version = self.info.taint_rule_version
-        if version is None:
-            raise KubeApiError(
-                "the API server does not serve DeviceTaintRules (enable the DRADeviceTaintRules feature "
-                f"gate and --runtime-config={RESOURCE_GROUP}/v1alpha3=true)",
-                404,
-                "NotFound",
-            )
-        path = f"/apis/{RESOURCE_GROUP}/{version}/devicetaintrules"
-        return f"{path}/{name}" if name else path
-
-    async def list_device_taint_rules(self, label_selector: str = "") -> list[dict[str, Any]]:
-        query = [("labelSelector", label_selector)] if label_selector else []
-        data = await self.request("GET", self._rules_path(), query=query)
-        return [i for i in data.get("items", []) if isinstance(i, dict)]
-
-    async def create_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        rule = {"apiVersion": f"{RESOURCE_GROUP}/{self.info.taint_rule_version}", "kind": "DeviceTaintRule"}
-        return await self.request("POST", self._rules_path(), body={**rule, **body})
-
-    async def update_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        rule = {"apiVersion": f"{RESOURCE_GROUP}/{self.info.taint_rule_version}", "kind": "DeviceTaintRule"}
-        name = str(body["metadata"]["name"])
-        return await self.request("PUT", self._rules_path(name), body={**rule, **body})
-
-    async def delete_device_taint_rule(self, name: str, *, uid: str = "", resource_version: str = "") -> bool:
-        return await self._delete(self._rules_path(name), uid=uid, resource_version=resource_version)
 
 
 def _ssl_context(cfg: Any) -> ssl.SSLContext:
