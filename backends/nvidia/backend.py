@@ -16,6 +16,7 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device, check_driver_name
+from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT
 from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
 from backends.nvidia.edits import CDI_MODES, EditsConfig, container_edits, driver_mounts, resolve_dev_root
 from backends.nvidia.health import HealthMonitor, HealthState, XidPolicy
@@ -49,6 +50,11 @@ def _float_setting(settings: Mapping[str, str], key: str, default: float, minimu
     return value
 
 
+def _watched(discovery: Discovery) -> set[tuple[str, str]]:
+    """What a health monitor watches: each device name with its GPU."""
+    return {(d.name, d.gpu.uuid) for d in discovery.devices}
+
+
 class NvidiaBackend:
     """NVIDIA GPUs and MIG devices: discovery, health, CDI edits and telemetry through NVML."""
 
@@ -61,6 +67,7 @@ class NvidiaBackend:
         sysfs_root: Path = Path("/sys"),
         proc_root: Path = Path("/proc"),
         dev_root: Path | None = None,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
     ) -> None:
         settings = options.settings
         unknown = sorted(set(settings) - set(SETTINGS))
@@ -80,6 +87,7 @@ class NvidiaBackend:
         self._wait_ms = int(_float_setting(settings, "health-wait-ms", 500, 10))
         self._recovery_interval = _float_setting(settings, "recovery-interval", 5.0, 0.0)
         self._module = nvml_module
+        self._call_timeout = call_timeout
         self._nvml: Nvml | None = None
         self._driver_root = driver_root
         self._clock: Clock = clock or SystemClock()
@@ -95,6 +103,7 @@ class NvidiaBackend:
         self._discovered = False
         self._said_no_gpus = False
         self._health = HealthState()
+        self._devices_changed: anyio.Event | None = None
         self._telemetry_cache: list[DeviceTelemetry] = []
         self._telemetry_at: float | None = None
         self._prepared: dict[tuple[str, str], ContainerEdits] = {}
@@ -117,7 +126,7 @@ class NvidiaBackend:
         if self._nvml is not None:
             return
         module = self._module if self._module is not None else load_pynvml()
-        nvml = Nvml(module, self._driver_root)
+        nvml = Nvml(module, self._driver_root, self._call_timeout)
         await nvml.run(nvml.init_sync)
         self._nvml = nvml
         if self._edits.mode == "own":
@@ -135,7 +144,7 @@ class NvidiaBackend:
         nvml, self._nvml = self._nvml, None
         if nvml is not None:
             with anyio.CancelScope(shield=True):
-                await nvml.run(nvml.shutdown_sync)
+                await nvml.shutdown()
 
     async def discover(self) -> Sequence[Device]:
         nvml = self._lib()
@@ -147,8 +156,10 @@ class NvidiaBackend:
                     f"NVIDIA backend: cannot list GPUs: {error}: check the driver with 'nvidia-smi'"
                 ) from error
             raise
-        self._discovery = discovery
+        previous, self._discovery = self._discovery, discovery
         self._discovered = True
+        if self._devices_changed is not None and _watched(previous) != _watched(discovery):
+            self._devices_changed.set()
         if not discovery.devices and not self._said_no_gpus:
             self._said_no_gpus = True
             log.warning(
@@ -163,19 +174,33 @@ class NvidiaBackend:
         return self._discovery
 
     async def monitor_health(self, sink: HealthSink) -> None:
-        """Watch the GPUs of the latest discovery (a restart of the monitor picks up new ones)."""
+        """Watch the GPUs of the latest discovery; a rediscovery that changes them restarts the watch.
+
+        `HealthState` outlives each watch, so the new one clears ``gpu-lost`` and ``unmonitored``
+        of GPUs that answer again (a GPU back after a reset, one that appeared later).
+        """
         nvml = self._lib()
         discovery = await self._ensure_discovered()
-        monitor = HealthMonitor(
-            nvml,
-            discovery.devices,
-            self._clock,
-            policy=self._policy,
-            state=self._health,
-            wait_ms=self._wait_ms,
-            recovery_interval=self._recovery_interval,
-        )
-        await monitor.run(sink)
+        while True:
+            changed = self._devices_changed = anyio.Event()
+            monitor = HealthMonitor(
+                nvml,
+                discovery.devices,
+                self._clock,
+                policy=self._policy,
+                state=self._health,
+                wait_ms=self._wait_ms,
+                recovery_interval=self._recovery_interval,
+            )
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(monitor.run, sink)
+                await changed.wait()
+                tg.cancel_scope.cancel()
+            discovery = self._discovery
+            log.info(
+                "GPUs changed; restarting health monitoring",
+                extra=log_fields(driver=self._driver, devices=len(discovery.devices)),
+            )
 
     def _device(self, name: str) -> NvDevice:
         found = self._discovery.by_name().get(name)

@@ -1,7 +1,9 @@
 """A thin layer over `pynvml` (nvidia-ml-py): loading, init/shutdown, worker threads, error mapping.
 
 The `pynvml` module is a dependency passed in (tests give a fake module with the same names);
-every blocking NVML call runs in a worker thread through `Nvml.run`, never on the event loop.
+every blocking NVML call runs in a worker thread through `Nvml.run` (discovery and telemetry, one
+at a time) or `Nvml.run_unlimited` (health waits, shutdown), never on the event loop; each is
+bounded (`agent.core.vendorcall`), so a wedged driver fails the call instead of the agent.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 import anyio
-import anyio.to_thread
 
 from agent.core.errors import BackendError
 from agent.core.logs import log_fields
+from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT, STOP_TIMEOUT, VendorCallTimeoutError, run_vendor_call
 
 log = logging.getLogger("agent.backends.nvidia")
 
@@ -60,11 +62,18 @@ def find_library_dir(driver_root: Path) -> Path | None:
 class Nvml:
     """The `pynvml` module plus the knowledge of how its errors map to our decisions."""
 
-    def __init__(self, module: ModuleType | Any, driver_root: Path = Path("/")) -> None:
+    def __init__(
+        self,
+        module: ModuleType | Any,
+        driver_root: Path = Path("/"),
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    ) -> None:
         self.lib: Any = module
         self.driver_root = driver_root
+        self.call_timeout = call_timeout
         self._initialized = False
-        # Serialize discovery and telemetry (cheap calls); the health loop has its own thread.
+        # Serialize discovery and telemetry (cheap calls); health waits and shutdown do not queue
+        # behind them, so a wedged telemetry read cannot hold up either.
         self._limiter = anyio.CapacityLimiter(1)
 
     # -- error classification -------------------------------------------------------------
@@ -169,8 +178,23 @@ class Nvml:
     # -- threads ----------------------------------------------------------------------------
 
     async def run(self, func: Callable[..., T], *args: Any) -> T:
-        """Run the blocking `func(*args)` in a worker thread (one at a time)."""
-        return await anyio.to_thread.run_sync(func, *args, limiter=self._limiter)
+        """Run the blocking `func(*args)` in a worker thread (one at a time), bounded in time."""
+        return await run_vendor_call(
+            func.__name__, func, *args, bound=self.call_timeout, limiter=self._limiter
+        )
+
+    async def run_unlimited(self, func: Callable[..., T], *args: Any, bound: float | None = None) -> T:
+        """Run `func(*args)` in a worker thread of its own, bounded in time (`call_timeout`)."""
+        return await run_vendor_call(
+            func.__name__, func, *args, bound=self.call_timeout if bound is None else bound
+        )
+
+    async def shutdown(self) -> None:
+        """`nvmlShutdown`, bounded (`STOP_TIMEOUT`) and off the limiter a hung call may hold; never raises."""
+        try:
+            await self.run_unlimited(self.shutdown_sync, bound=STOP_TIMEOUT)
+        except VendorCallTimeoutError as error:
+            log.warning("nvmlShutdown did not return; exiting without it", extra=log_fields(error=str(error)))
 
     def optional(self, what: str, func: Callable[..., T], *args: Any) -> T | None:
         """Call `func(*args)` in this thread; None where the GPU or driver does not support it.

@@ -9,7 +9,8 @@ pointers that nothing outside NVML looks into); event data is a small object wit
 names because a ctypes structure cannot hold a Python handle.
 
 Tests feed events with `FakeNvml.emit` / `emit_error`, make calls fail with `fail`, lose a GPU
-with `lose`, and set `recovery_action`. Fixtures: `a100_mig` (A100-SXM4-80GB with MIG devices),
+with `lose`, make a function block like a wedged driver with `hang` (until `release`), and set
+`recovery_action`. Fixtures: `a100_mig` (A100-SXM4-80GB with MIG devices),
 `a100_full_mig` (one 7g.80gb), `h100` (H100 80GB HBM3, MIG off), `l4` (no MIG).
 """
 
@@ -224,6 +225,9 @@ class FakeNvml:
         self.initialized = 0
         self.event_sets: list[FakeEventSet] = []
         self.calls: list[str] = []
+        self.hung: set[str] = set()
+        """NVML function names whose calls block until `release` (a wedged driver)."""
+        self._released = threading.Event()
         self._lock = threading.Lock()
         self.module = self._build_module()
 
@@ -254,11 +258,22 @@ class FakeNvml:
     def fail(self, gpu_uuid: str, function: str, code: int) -> None:
         self.gpu(gpu_uuid).failures[function] = code
 
+    def hang(self, function: str) -> None:
+        """Calls of `function` block (in their thread) until `release`."""
+        self.hung.add(function)
+
+    def release(self) -> None:
+        """Let every hung call return (as it would have)."""
+        self.hung.clear()
+        self._released.set()
+
     # -- helpers ------------------------------------------------------------------------------
 
     def _enter(self, name: str, handle: FakeHandle | None = None) -> None:
         with self._lock:
             self.calls.append(name)
+        if name in self.hung:
+            self._released.wait()
         if name in self.missing:
             raise error(int(real.NVML_ERROR_FUNCTION_NOT_FOUND))
         if name not in ("nvmlInit", "nvmlInitWithFlags") and not self.initialized:
@@ -323,6 +338,16 @@ class FakeNvml:
         if gpu.lost:
             raise error(int(real.NVML_ERROR_GPU_IS_LOST))
         return self._gpu_handle(gpu)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeHandle:
+        self._enter("nvmlDeviceGetHandleByUUID")
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for gpu in self.gpus:
+            if gpu.uuid == wanted:
+                if gpu.lost:
+                    raise error(int(real.NVML_ERROR_GPU_IS_LOST))
+                return self._gpu_handle(gpu)
+        raise error(int(real.NVML_ERROR_NOT_FOUND))
 
     # -- device properties --------------------------------------------------------------------
 
