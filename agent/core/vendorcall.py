@@ -71,6 +71,40 @@ async def run_vendor_call(
         ) from error
 
 
+class VendorLane:
+    """Vendor calls that run one at a time, each bounded; a hung call keeps the lane.
+
+    The lane is held by the worker thread, not by the caller: a call abandoned past its bound
+    (or on cancellation) still holds it until it returns, and later calls wait for it at most
+    their own bound. So a wedged driver costs one stuck thread per lane, not one per call.
+    """
+
+    def __init__(self, bound: float = DEFAULT_CALL_TIMEOUT) -> None:
+        self.bound = bound
+        self._limiter = anyio.CapacityLimiter(1)  # queue callers without taking threads
+        self._lock = threading.Lock()
+        self._holder = ""
+
+    async def run(self, func: Callable[..., T], *args: Any, bound: float | None = None) -> T:
+        """`func(*args)` on this lane; `VendorCallTimeoutError` past `bound` (default: the lane's)."""
+        limit = self.bound if bound is None else bound
+        what = getattr(func, "__name__", "call")
+
+        def held() -> T:
+            if not self._lock.acquire(timeout=limit):
+                raise VendorCallTimeoutError(
+                    f"vendor call {what} not started: {self._holder} has not returned for {limit:g} s; "
+                    "the GPU driver may be hung: check 'dmesg' and the vendor's tool on the node"
+                )
+            self._holder = what
+            try:
+                return func(*args)
+            finally:
+                self._lock.release()
+
+        return await run_vendor_call(what, held, bound=limit, limiter=self._limiter)
+
+
 def vendor_calls_running() -> list[str]:
     """What the vendor calls still running in a worker thread are doing."""
     return sorted(
@@ -78,7 +112,7 @@ def vendor_calls_running() -> list[str]:
     )
 
 
-def exit_if_vendor_calls_hung(code: int, grace: float = 1.0) -> None:
+def exit_if_vendor_calls_hung(code: int, grace: float = 0.5) -> None:
     """At exit: give running vendor calls `grace` seconds, then end the process if one still runs.
 
     Returns when none runs (the interpreter can exit normally); otherwise logs what hangs and

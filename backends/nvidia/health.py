@@ -22,8 +22,9 @@ monitor started for a new discovery knows what to clear.
 Recovery: where the driver reports ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, the XID/ECC conditions
 of a GPU whose action is back to NONE are cleared; elsewhere the taint policy's hold time applies.
 
-Every NVML call is bounded (`Nvml.run_unlimited`); a cancelled wait is not waited for, but the
-event set is freed only once the wait in flight has returned.
+Every NVML call is bounded and runs on the monitor's own lane (`Nvml.run_health`), never behind
+a telemetry read; a cancelled wait is not waited for, but the event set is freed only once the
+wait in flight has returned.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ class HealthMonitor:
         Each wait that returns (an event or its timeout) reports the monitor alive to `sink`.
         """
         try:
-            for event in await self._nvml.run_unlimited(self._register_sync):
+            for event in await self._nvml.run_health(self._register_sync):
                 await sink(event)
             report_alive(sink)
             while True:
@@ -194,14 +195,14 @@ class HealthMonitor:
                 report_alive(sink)
                 if (self._faulted or self._lost_here()) and self._clock.monotonic() >= self._next_poll:
                     self._next_poll = self._clock.monotonic() + self._recovery_interval
-                    for event in await self._nvml.run_unlimited(self._poll_sync):
+                    for event in await self._nvml.run_health(self._poll_sync):
                         await sink(event)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._release()
 
     async def _wait(self) -> _Outcome:
-        return await self._nvml.run_unlimited(
+        return await self._nvml.run_health(
             self._wait_sync, bound=self._wait_ms / 1000 + self._nvml.call_timeout
         )
 
@@ -425,7 +426,7 @@ class HealthMonitor:
 
     async def _handle(self, outcome: _Outcome) -> list[HealthEvent]:
         if outcome.error is not None:
-            lost = await self._nvml.run_unlimited(self._probe_lost_sync)
+            lost = await self._nvml.run_health(self._probe_lost_sync)
             if not lost:
                 log.warning("NVML event wait failed", extra=log_fields(error=str(outcome.error)))
                 # Do not spin on a persistent error.
@@ -434,7 +435,7 @@ class HealthMonitor:
             events: list[HealthEvent] = []
             for gpu in lost:
                 events.extend(self._lost_events(gpu, f"GPU is lost: {outcome.error}"))
-            return events + await self._nvml.run_unlimited(self._rebuild_sync)
+            return events + await self._nvml.run_health(self._rebuild_sync)
         if outcome.event is None:
             return []
         return self._map_event(outcome.event)

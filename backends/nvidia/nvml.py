@@ -1,9 +1,10 @@
 """A thin layer over `pynvml` (nvidia-ml-py): loading, init/shutdown, worker threads, error mapping.
 
 The `pynvml` module is a dependency passed in (tests give a fake module with the same names);
-every blocking NVML call runs in a worker thread through `Nvml.run` (discovery and telemetry, one
-at a time) or `Nvml.run_unlimited` (health waits, shutdown), never on the event loop; each is
-bounded (`agent.core.vendorcall`), so a wedged driver fails the call instead of the agent.
+every blocking NVML call runs in a worker thread, never on the event loop: `Nvml.run` (discovery
+and telemetry, one at a time), `Nvml.run_health` (the health monitor's own lane) or
+`Nvml.run_unlimited` (shutdown). Each is bounded (`agent.core.vendorcall`), so a wedged driver
+fails the call instead of the agent, and SIGTERM never waits for one.
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-import anyio
-
 from agent.core.errors import BackendError
 from agent.core.logs import log_fields
-from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT, STOP_TIMEOUT, VendorCallTimeoutError, run_vendor_call
+from agent.core.vendorcall import (
+    DEFAULT_CALL_TIMEOUT,
+    STOP_TIMEOUT,
+    VendorCallTimeoutError,
+    VendorLane,
+    run_vendor_call,
+)
 
 log = logging.getLogger("agent.backends.nvidia")
 
@@ -72,9 +77,10 @@ class Nvml:
         self.driver_root = driver_root
         self.call_timeout = call_timeout
         self._initialized = False
-        # Serialize discovery and telemetry (cheap calls); health waits and shutdown do not queue
-        # behind them, so a wedged telemetry read cannot hold up either.
-        self._limiter = anyio.CapacityLimiter(1)
+        # Discovery and telemetry (cheap calls) run one at a time; the health monitor has a lane
+        # of its own and shutdown none, so a wedged telemetry read holds up neither.
+        self._serial = VendorLane(call_timeout)
+        self._health = VendorLane(call_timeout)
 
     # -- error classification -------------------------------------------------------------
 
@@ -179,18 +185,18 @@ class Nvml:
 
     async def run(self, func: Callable[..., T], *args: Any) -> T:
         """Run the blocking `func(*args)` in a worker thread (one at a time), bounded in time."""
-        return await run_vendor_call(
-            func.__name__, func, *args, bound=self.call_timeout, limiter=self._limiter
-        )
+        return await self._serial.run(func, *args)
 
-    async def run_unlimited(self, func: Callable[..., T], *args: Any, bound: float | None = None) -> T:
-        """Run `func(*args)` in a worker thread of its own, bounded in time (`call_timeout`)."""
-        return await run_vendor_call(
-            func.__name__, func, *args, bound=self.call_timeout if bound is None else bound
-        )
+    async def run_health(self, func: Callable[..., T], *args: Any, bound: float | None = None) -> T:
+        """Run the health monitor's `func(*args)` in a worker thread, on its own lane."""
+        return await self._health.run(func, *args, bound=bound)
+
+    async def run_unlimited(self, func: Callable[..., T], *args: Any, bound: float) -> T:
+        """Run `func(*args)` in a worker thread of its own (on no lane), within `bound` seconds."""
+        return await run_vendor_call(func.__name__, func, *args, bound=bound)
 
     async def shutdown(self) -> None:
-        """`nvmlShutdown`, bounded (`STOP_TIMEOUT`) and off the limiter a hung call may hold; never raises."""
+        """`nvmlShutdown`, bounded (`STOP_TIMEOUT`) and on no lane a hung call may hold; never raises."""
         try:
             await self.run_unlimited(self.shutdown_sync, bound=STOP_TIMEOUT)
         except VendorCallTimeoutError as error:
