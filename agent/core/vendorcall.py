@@ -90,19 +90,30 @@ class VendorLane:
         limit = self.bound if bound is None else bound
         what = getattr(func, "__name__", "call")
 
+        started = threading.Event()
+
         def held() -> T:
             if not self._lock.acquire(timeout=limit):
-                raise VendorCallTimeoutError(
-                    f"vendor call {what} not started: {self._holder} has not returned for {limit:g} s; "
-                    "the GPU driver may be hung: check 'dmesg' and the vendor's tool on the node"
-                )
+                raise VendorCallTimeoutError(self._not_started(what, limit))
+            started.set()
             self._holder = what
             try:
                 return func(*args)
             finally:
                 self._lock.release()
 
-        return await run_vendor_call(what, held, bound=limit, limiter=self._limiter)
+        try:
+            return await run_vendor_call(what, held, bound=limit, limiter=self._limiter)
+        except VendorCallTimeoutError as error:
+            if started.is_set():
+                raise
+            raise VendorCallTimeoutError(self._not_started(what, limit)) from error
+
+    def _not_started(self, what: str, limit: float) -> str:
+        return (
+            f"vendor call {what} not started: {self._holder} has not returned for {limit:g} s; "
+            "the GPU driver may be hung: check 'dmesg' and the vendor's tool on the node"
+        )
 
 
 def vendor_calls_running() -> list[str]:
@@ -128,7 +139,8 @@ def exit_if_vendor_calls_hung(code: int, grace: float = 0.5) -> None:
         "vendor calls still hung at exit; exiting without waiting for them",
         extra=log_fields(calls=",".join(hung), hint="check the GPU driver ('dmesg') before restarting"),
     )
-    logging.shutdown()
+    for handler in logging.getLogger().handlers:
+        handler.flush()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

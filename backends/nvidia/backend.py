@@ -103,7 +103,7 @@ class NvidiaBackend:
         self._discovered = False
         self._said_no_gpus = False
         self._health = HealthState()
-        self._devices_changed: anyio.Event | None = None
+        self._monitor_scopes: set[anyio.CancelScope] = set()
         self._telemetry_cache: list[DeviceTelemetry] = []
         self._telemetry_at: float | None = None
         self._prepared: dict[tuple[str, str], ContainerEdits] = {}
@@ -158,8 +158,9 @@ class NvidiaBackend:
             raise
         previous, self._discovery = self._discovery, discovery
         self._discovered = True
-        if self._devices_changed is not None and _watched(previous) != _watched(discovery):
-            self._devices_changed.set()
+        if _watched(previous) != _watched(discovery):
+            for scope in self._monitor_scopes:
+                scope.cancel()
         if not discovery.devices and not self._said_no_gpus:
             self._said_no_gpus = True
             log.warning(
@@ -182,7 +183,6 @@ class NvidiaBackend:
         nvml = self._lib()
         discovery = await self._ensure_discovered()
         while True:
-            changed = self._devices_changed = anyio.Event()
             monitor = HealthMonitor(
                 nvml,
                 discovery.devices,
@@ -192,10 +192,13 @@ class NvidiaBackend:
                 wait_ms=self._wait_ms,
                 recovery_interval=self._recovery_interval,
             )
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(monitor.run, sink)
-                await changed.wait()
-                tg.cancel_scope.cancel()
+            # `discover` cancels this scope when the GPUs change; a failure propagates as it is.
+            with anyio.CancelScope() as scope:
+                self._monitor_scopes.add(scope)
+                try:
+                    await monitor.run(sink)
+                finally:
+                    self._monitor_scopes.discard(scope)
             discovery = self._discovery
             log.info(
                 "GPUs changed; restarting health monitoring",
