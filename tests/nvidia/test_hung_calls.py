@@ -47,7 +47,7 @@ async def test_hung_telemetry_fails_in_bound_and_the_monitor_and_stop_go_on(
     sink = Sink()
     async with anyio.create_task_group() as tg:
         tg.start_soon(backend.monitor_health, sink)
-        with pytest.raises(VendorCallTimeoutError, match="read_telemetry_sync did not return within 0.2 s"):
+        with pytest.raises(VendorCallTimeoutError, match=r"read_telemetry_sync did not return within 0\.2 s"):
             await backend.telemetry()
         # The next read does not start a second stuck thread: it waits for the lane, then says why.
         with pytest.raises(VendorCallTimeoutError, match="not started: read_telemetry_sync has not returned"):
@@ -80,7 +80,7 @@ async def test_hung_event_wait_fails_the_monitor_in_bound(
     backend = backend_on(fake, tmp_path, sysfs, fake_clock)
     await backend.start()
     fake.hang("nvmlEventSetWait_v2")
-    with anyio.fail_after(5), pytest.raises(VendorCallTimeoutError, match="nvmlEventSetWait_v2|_wait_sync"):
+    with anyio.fail_after(5), pytest.raises(VendorCallTimeoutError, match=r"nvmlEventSetWait_v2|_wait_sync"):
         await backend.monitor_health(Sink())
     assert "NVML event wait did not return; leaving its event set" in caplog.text
     assert not fake.event_sets[0].freed
