@@ -251,8 +251,9 @@ class HealthMonitor:
 
     async def run(self, sink: HealthSink) -> None:
         """Report health until cancelled."""
-        if not self._groups:
-            await anyio.sleep_forever()
+        while not self._groups:  # nothing to watch, but the monitor runs
+            report_alive(sink)
+            await self._clock.sleep(self._settings.poll_interval)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_events, sink)
             tg.start_soon(self._poll, sink)

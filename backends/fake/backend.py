@@ -41,6 +41,7 @@ from agent.core.backend import (
     DeviceTelemetry,
     HealthEvent,
     HealthSink,
+    report_alive,
 )
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, DeviceNotFoundError
@@ -67,6 +68,7 @@ APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 UNKNOWN_CONDITION = (Severity.WARNING, ConditionKind.EVENT)
 MAX_QUEUED_EVENTS = 100_000
+ALIVE_INTERVAL_SECONDS = 5.0  # how often an idle monitor says it still runs
 _CONDITION_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _GPU_MINOR = re.compile(r"^gpu-(\d+)")
 
@@ -187,8 +189,10 @@ class FakeBackend:
                 event = self._queue[0]
                 await sink(event)
                 self._queue.popleft()  # only once delivered: a failed sink sees it again on restart
+            report_alive(sink)
             self._wake = anyio.Event()
-            await self._wake.wait()
+            with anyio.move_on_after(ALIVE_INTERVAL_SECONDS):
+                await self._wake.wait()
 
     async def _serve_control(self) -> None:
         try:
