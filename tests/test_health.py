@@ -333,7 +333,12 @@ async def test_endless_flapping_neither_overflows_nor_floods_the_log(
 
 
 async def test_conditions_of_a_device_gone_longer_than_the_hold_are_forgotten(fake_clock: FakeClock) -> None:
-    """Issue 13: a device back after the hold starts healthy (nobody would clear what it had)."""
+    """Issue 13: a device back after the hold starts healthy (nobody would clear what it had).
+
+    Like the kubelet's own cache (``pkg/kubelet/cm/dra/healthinfo.go``: devices a plugin stops
+    reporting become Unknown, entries older than the health timeout count as Unknown), health of
+    a device that is gone is not kept for ever.
+    """
     inventory, tracker = make(fake_clock, hold=60)
     await tracker.handle(lost("gpu-3"))
     await tracker.handle(xid(device="gpu-3"))

@@ -1,8 +1,10 @@
 """Faults that clear: a lost GPU back, a GPU watched again, GPUs found later (issue 13, point 1).
 
-Upstream the NVIDIA DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu) marks a device unhealthy
-on GPU-lost and relies on its health being re-evaluated; here the same rule is ours: a STATE
-condition lasts until the backend clears it, so the backend must clear it once the GPU answers.
+Upstream, kubernetes-sigs/dra-driver-nvidia-gpu ``cmd/gpu-kubelet-plugin/device_health.go`` sends
+``gpu-lost`` and ``unmonitored`` health events and registers its event set once, for the GPUs of
+its start-up discovery; nothing there clears them. Ours are STATE conditions that last until the
+backend clears them, so the backend clears them once the GPU answers (or is watched) again, and
+watches the GPUs of each new discovery.
 """
 
 from __future__ import annotations
