@@ -6,8 +6,6 @@ reads worked) and `monitor_seen_sink` was never wired into the agent.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import anyio
 import anyio.lowlevel
 import pytest
@@ -15,18 +13,16 @@ import pytest
 from agent.app import Agent
 from agent.config import AgentConfig
 from agent.core.backend import (
-    ClaimRef,
-    ContainerEdits,
-    DeviceTelemetry,
     HealthEvent,
     HealthSink,
     report_alive,
 )
 from agent.core.errors import BackendError
-from agent.core.model import Device, Severity
+from agent.core.model import Severity
 from agent.observe.metrics import Metrics
 from agent.observe.readiness import Readiness
 from agent.observe.telemetry import SILENCE_LIMIT, MonitorLiveness
+from tests.observability.fakes import TelemetryBackend
 from tests.support.clock import FakeClock
 
 DRIVER = "gpu.example.com"
@@ -117,40 +113,18 @@ async def test_a_silent_monitor_turns_not_ready_until_it_answers() -> None:
         tg.cancel_scope.cancel()
 
 
-class MonitorOnly:
+class MonitorOnly(TelemetryBackend):
     """A backend whose health monitor answers once and then stays silent, or fails."""
 
     def __init__(self, driver: str, failure: Exception | None = None) -> None:
-        self._driver = driver
+        super().__init__(driver=driver)
         self.failure = failure
-
-    @property
-    def driver_name(self) -> str:
-        return self._driver
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-    async def discover(self) -> Sequence[Device]:
-        return [Device("gpu-0", self._driver)]
 
     async def monitor_health(self, sink: HealthSink) -> None:
         if self.failure is not None:
             raise self.failure
         report_alive(sink)
         await anyio.sleep_forever()
-
-    async def prepare(self, device: str, claim: ClaimRef) -> ContainerEdits:
-        return ContainerEdits()
-
-    async def unprepare(self, device: str, claim: ClaimRef) -> None:
-        return None
-
-    async def telemetry(self) -> Sequence[DeviceTelemetry]:
-        return ()
 
 
 async def test_the_agent_wires_the_monitor_into_readiness_and_the_gauge() -> None:
