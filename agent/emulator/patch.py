@@ -189,5 +189,5 @@ def apply_patch(content_type: str, target: Any, body: Any) -> Any:
     raise ApiError(
         415,
         f"the body of the request was in an unknown format - accepted media types include: "
-        f"{JSON_PATCH}, {MERGE}, {STRATEGIC}",
+        f"{JSON_PATCH}, {MERGE}, {APPLY}, {STRATEGIC}",
     )

@@ -13,7 +13,9 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.emulator import validation
+from agent.emulator import slice_rules, validation
+from agent.emulator.apply import Applied
+from agent.emulator.apply import apply as apply_config
 from agent.emulator.conversion import from_internal, to_internal
 from agent.emulator.errors import ApiError, already_exists, bad_request, conflict, gone, invalid, not_found
 from agent.emulator.patch import apply_patch
@@ -23,6 +25,7 @@ from agent.emulator.resources import (
     RESOURCE_TYPES,
     ResourceType,
     dra_versions,
+    minor_of,
 )
 from agent.emulator.schema import prune_unknown, type_error
 from agent.emulator.selectors import matcher
@@ -31,9 +34,10 @@ from agent.emulator.store import ObjectKey, Store, StoredEvent, clone
 JSON = dict[str, Any]
 
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the apiserver's generateName alphabet
+_GENERATED_PREFIX_MAX = 63 - 5
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
-#: Feature gates and their defaults here (DRADeviceTaints on, as the brief pins).
+#: Feature gates and their defaults up to 1.35 (DRADeviceTaints on, as the brief pins).
 DEFAULT_GATES: Mapping[str, bool] = {
     "DRADeviceTaints": True,
     "DRAResourceClaimDeviceStatus": True,
@@ -42,7 +46,25 @@ DEFAULT_GATES: Mapping[str, bool] = {
     "DRAPartitionableDevices": False,
     "DRAConsumableCapacity": False,
     "DRADeviceBindingConditions": False,
+    "DRAListTypeAttributes": False,
 }
+#: What changed in 1.36 (upstream ``pkg/features/kube_features.go``): DRAConsumableCapacity,
+#: DRADeviceBindingConditions, DRAPartitionableDevices, DRADeviceTaints and DRAExtendedResource
+#: are beta and on by default; DRAListTypeAttributes is new, alpha and off; DRADeviceTaintRules is
+#: beta but off (its v1beta2 API is off by default).
+_GATES_1_36: Mapping[str, bool] = {
+    "DRAPartitionableDevices": True,
+    "DRAConsumableCapacity": True,
+    "DRADeviceBindingConditions": True,
+    "DRAExtendedResource": True,
+    "DRADeviceTaintRules": False,
+}
+
+
+def default_gates(release: str) -> dict[str, bool]:
+    """The feature gates a release has on by default."""
+    return {**DEFAULT_GATES, **(_GATES_1_36 if minor_of(release) >= 36 else {})}
+
 
 _PARTITIONABLE_DEVICE_FIELDS = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
 _BINDING_FIELDS = ("bindsToNode", "bindingConditions", "bindingFailureConditions")
@@ -73,7 +95,7 @@ class Registry:
         self.store = store
         self.release = release
         self.dra = dra
-        self.gates: dict[str, bool] = {**DEFAULT_GATES, **gates}
+        self.gates: dict[str, bool] = {**default_gates(release), **gates}
         if release == "1.32":
             # 1.32 has no device taints at all: the field does not exist in its API.
             self.gates["DRADeviceTaints"] = False
@@ -81,6 +103,8 @@ class Registry:
         #: ``fieldValidation`` of the current request (Strict, Warn or Ignore) and its warnings.
         self.field_validation = "Warn"
         self.warnings: builtins.list[str] = []
+        #: Keys the current request's JSON body gave twice (``duplicate field`` of the decoder).
+        self.duplicate_fields: builtins.list[str] = []
         for name in DEFAULT_NAMESPACES:
             self.create(self.type_for("", "namespaces"), "v1", {"metadata": {"name": name}})
 
@@ -102,7 +126,9 @@ class Registry:
         return [
             t
             for t in RESOURCE_TYPES
-            if t.group == group and version in t.versions and (not t.gate or self.gates.get(t.gate, False))
+            if t.group == group
+            and t.served_in(version, self.release)
+            and (not t.gate or self.gates.get(t.gate, False))
         ]
 
     def type_for(self, group: str, plural: str) -> ResourceType:
@@ -158,7 +184,14 @@ class Registry:
 
     # ----- writes
     def create(
-        self, rtype: ResourceType, version: str, body: JSON, *, namespace: str = "", dry_run: bool = False
+        self,
+        rtype: ResourceType,
+        version: str,
+        body: JSON,
+        *,
+        namespace: str = "",
+        dry_run: bool = False,
+        managed_fields: builtins.list[JSON] | None = None,
     ) -> JSON:
         """Create an object (generateName, uid, timestamps, defaults, validation)."""
         obj = self._decode(rtype, version, body, namespace)
@@ -173,6 +206,8 @@ class Registry:
             )
         for field in ("uid", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"):
             meta.pop(field, None)
+        if managed_fields:
+            meta["managedFields"] = managed_fields
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = rfc3339(self._now())
         if rtype.has_generation:
@@ -251,6 +286,63 @@ class Registry:
         # A patch with a resourceVersion is conditional; the current one is implied otherwise.
         return self._write_update(rtype, version, key, old, obj, subresource=subresource, dry_run=dry_run)
 
+    def apply(
+        self,
+        rtype: ResourceType,
+        version: str,
+        name: str,
+        config: Any,
+        *,
+        manager: str,
+        force: bool = False,
+        namespace: str = "",
+        subresource: str = "",
+        dry_run: bool = False,
+    ) -> tuple[JSON, bool]:
+        """Server-side apply (see `agent.emulator.apply`); returns the object and whether it was created."""
+        if not isinstance(config, dict):
+            raise bad_request("the applied configuration must be an object")
+        config = clone(config)
+        meta = config.setdefault("metadata", {})
+        if not isinstance(meta, dict) or meta.get("name", name) != name:
+            raise bad_request(
+                f"the name of the object ({meta.get('name') if isinstance(meta, dict) else meta}) does not "
+                f"match the name on the URL ({name})"
+            )
+        meta["name"] = name
+        key = (namespace if rtype.namespaced else "", name)
+        old = self.store.get(store_key(rtype), key)
+
+        def run(current: JSON) -> Applied:
+            return apply_config(
+                current,
+                config,
+                manager=manager,
+                api_version=rtype.api_version(version),
+                force=force,
+                subresource=subresource,
+                now=rfc3339(self._now()),
+            )
+
+        if old is None:
+            if subresource:
+                raise not_found(rtype.plural, rtype.group, name)
+            fresh = run({"metadata": {"name": name}})
+            created = self.create(
+                rtype,
+                version,
+                fresh.obj,
+                namespace=namespace,
+                dry_run=dry_run,
+                managed_fields=fresh.managed_fields,
+            )
+            return created, True
+        result = run(from_internal(rtype, version, old))
+        result.obj["metadata"]["managedFields"] = result.managed_fields
+        obj = self._decode(rtype, version, result.obj, namespace)
+        written = self._write_update(rtype, version, key, old, obj, subresource=subresource, dry_run=dry_run)
+        return written, False
+
     def _write_update(
         self,
         rtype: ResourceType,
@@ -287,6 +379,8 @@ class Registry:
                 new["status"] = obj["status"]
             else:
                 new.pop("status", None)
+            if "managedFields" in meta:  # an apply to status records its manager too
+                new["metadata"]["managedFields"] = meta["managedFields"]
         else:
             new = obj
             for field in (
@@ -451,12 +545,17 @@ class Registry:
                 f"the kind in the data ({body['kind']}) does not match the expected kind ({rtype.kind})"
             )
         body = clone(body)  # the only copy: pruning and conversion below work in place
-        unknown = prune_unknown(rtype, version, body)
-        if unknown and self.field_validation == "Strict":
-            listed = ", ".join(f'unknown field "{u}"' for u in unknown)
-            raise bad_request(f"strict decoding error: {listed}")
+        problems = [f'duplicate field "{d}"' for d in self.duplicate_fields]
+        problems += [
+            f'unknown field "{u}"' for u in prune_unknown(rtype, version, body, minor_of(self.release))
+        ]
+        if problems and self.field_validation == "Strict":
+            raise bad_request(
+                f'{rtype.kind} in version "{version}" cannot be handled as a {rtype.kind}: '
+                f"strict decoding error: {', '.join(problems)}"
+            )
         if self.field_validation != "Ignore":
-            self.warnings += [f'unknown field "{u}"' for u in unknown]
+            self.warnings += problems
         obj = to_internal(rtype, version, body, in_place=True)
         obj["kind"] = rtype.kind
         if not isinstance(obj.get("metadata", {}), dict):
@@ -471,6 +570,9 @@ class Registry:
             meta = obj["metadata"] = {}
         if not isinstance(meta, dict):
             raise bad_request("metadata must be a JSON object")
+        if not rtype.namespaced:
+            # rest.BeforeCreate/BeforeUpdate clear the namespace of cluster-scoped objects.
+            meta.pop("namespace", None)
         if rtype.namespaced:
             if meta.get("namespace") and namespace and meta["namespace"] != namespace:
                 raise bad_request(
@@ -490,7 +592,9 @@ class Registry:
             raise not_found("namespaces", "", namespace)
 
     def _generate_name(self, rtype: ResourceType, namespace: str, prefix: str) -> str:
-        base = prefix[: 253 - 5]
+        # names.SimpleNameGenerator (apiserver/pkg/storage/names/generate.go): the prefix is cut to
+        # 58 bytes and 5 random characters are appended, so a generated name is at most 63 long.
+        base = prefix[:_GENERATED_PREFIX_MAX]
         while True:
             name = base + "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))
             if self.store.get(store_key(rtype), (namespace, name)) is None:
@@ -516,47 +620,74 @@ class Registry:
                 item["timeAdded"] = _normalize_time(item["timeAdded"])
 
     def _prepare_slice(self, obj: JSON, old: JSON | None) -> None:
+        """``dropDisabledFields`` of upstream ``registry/resource/resourceslice/strategy.go``, then the
+        defaults and canonical quantities the apiserver stores."""
         spec = obj.get("spec")
         if not isinstance(spec, dict):
             return
         old_spec = (old or {}).get("spec") or {}
         old_devices: builtins.list[Any] = old_spec.get("devices") or []
         used = {field for d in old_devices if isinstance(d, dict) for field in d}
+        used |= {
+            kind
+            for d in old_devices
+            if isinstance(d, dict)
+            for a in (d.get("attributes") or {}).values()
+            if isinstance(a, dict)
+            for kind in a
+        }
 
         def in_use(field: str) -> bool:
             return field in used
 
-        if not self.gates["DRAPartitionableDevices"]:
+        gate = self.gates.get
+        if not gate("DRAPartitionableDevices"):
             if "sharedCounters" not in old_spec:
                 spec.pop("sharedCounters", None)
             if "perDeviceNodeSelection" not in old_spec:
                 spec.pop("perDeviceNodeSelection", None)
+        for counter_set in spec.get("sharedCounters") or []:
+            if isinstance(counter_set, dict):
+                _canonical_counters(counter_set.get("counters"))
         devices = spec.get("devices")
         if not isinstance(devices, list):
             return
+        binding = bool(gate("DRADeviceBindingConditions") and gate("DRAResourceClaimDeviceStatus"))
         now = rfc3339(self._now())
         for device in devices:
             if not isinstance(device, dict):
                 continue
-            if not self.gates["DRADeviceTaints"] and not in_use("taints"):
+            if not gate("DRADeviceTaints") and not in_use("taints"):
                 device.pop("taints", None)
-            if not self.gates["DRAPartitionableDevices"]:
+            if not gate("DRAPartitionableDevices"):
                 for field in _PARTITIONABLE_DEVICE_FIELDS:
                     if not in_use(field):
                         device.pop(field, None)
-            if not self.gates["DRADeviceBindingConditions"]:
+            if not binding:
                 for field in _BINDING_FIELDS:
                     if not in_use(field):
                         device.pop(field, None)
-            if not self.gates["DRAConsumableCapacity"] and not in_use("allowMultipleAllocations"):
+            consumable = gate("DRAConsumableCapacity") or in_use("allowMultipleAllocations")
+            if not consumable:
                 device.pop("allowMultipleAllocations", None)
+            if not gate("DRAListTypeAttributes"):
+                for attribute in (device.get("attributes") or {}).values():
+                    for kind in slice_rules.LIST_ATTRIBUTE_FIELDS:
+                        if isinstance(attribute, dict) and not in_use(kind):
+                            attribute.pop(kind, None)
             for cap in (
                 (device.get("capacity") or {}).values() if isinstance(device.get("capacity"), dict) else ()
             ):
-                if isinstance(cap, dict) and "value" in cap:
-                    canonical = validation.canonical_quantity(cap["value"])
-                    if canonical is not None:
-                        cap["value"] = canonical
+                if not isinstance(cap, dict):
+                    continue
+                cap.setdefault("value", "0")  # a Quantity's zero value, as the apiserver stores {}
+                cap["value"] = _canonical(cap["value"])
+                if not consumable:
+                    cap.pop("requestPolicy", None)
+                _canonical_policy(cap.get("requestPolicy"))
+            for consumption in device.get("consumesCounters") or []:
+                if isinstance(consumption, dict):
+                    _canonical_counters(consumption.get("counters"))
             for item in device.get("taints") or [] if isinstance(device.get("taints"), list) else []:
                 if isinstance(item, dict):
                     item["timeAdded"] = _normalize_time(item.get("timeAdded")) or now
@@ -569,9 +700,7 @@ class Registry:
             name_rule="label" if rtype.plural == "namespaces" else "subdomain",
         )
         if rtype.plural == "resourceslices":
-            causes += validation.resource_slice(obj, rules)
-            if old is not None:
-                causes += validation.resource_slice_update(obj, old)
+            causes += slice_rules.resource_slice(obj, old, rules)
         elif rtype.plural == "resourceclaims":
             causes += validation.resource_claim(obj)
             causes += validation.resource_claim_status(obj, old)
@@ -603,6 +732,31 @@ def _normalize_time(value: object) -> str | None:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return rfc3339(parsed.timestamp())
+
+
+def _canonical(value: Any) -> Any:
+    """A quantity in the form the apiserver stores (unchanged when it does not parse)."""
+    canonical = validation.canonical_quantity(value)
+    return canonical if canonical is not None else value
+
+
+def _canonical_counters(counters: Any) -> None:
+    for counter in counters.values() if isinstance(counters, dict) else ():
+        if isinstance(counter, dict) and "value" in counter:
+            counter["value"] = _canonical(counter["value"])
+
+
+def _canonical_policy(policy: Any) -> None:
+    if not isinstance(policy, dict):
+        return
+    if "default" in policy:
+        policy["default"] = _canonical(policy["default"])
+    if isinstance(policy.get("validValues"), list):
+        policy["validValues"] = [_canonical(v) for v in policy["validValues"]]
+    valid_range = policy.get("validRange")
+    for key in ("min", "max", "step"):
+        if isinstance(valid_range, dict) and key in valid_range:
+            valid_range[key] = _canonical(valid_range[key])
 
 
 def _spec_of(obj: JSON) -> JSON:

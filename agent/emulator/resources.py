@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 RESOURCE_GROUP = "resource.k8s.io"
@@ -15,9 +15,10 @@ _DRA_VERSIONS: Mapping[str, tuple[str, ...]] = {
     "1.33": ("v1beta2", "v1beta1", "v1alpha3"),
     "1.34": ("v1", "v1beta2", "v1beta1", "v1alpha3"),
     "1.35": ("v1", "v1beta2", "v1beta1", "v1alpha3"),
+    "1.36": ("v1", "v1beta2", "v1beta1", "v1alpha3"),
 }
 SUPPORTED_RELEASES = tuple(_DRA_VERSIONS)
-_PATCH_RELEASE = {"1.32": 4, "1.33": 5, "1.34": 2, "1.35": 0}
+_PATCH_RELEASE = {"1.32": 4, "1.33": 5, "1.34": 2, "1.35": 0, "1.36": 2}
 
 _VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 _SUB_VERBS = ("get", "patch", "update")
@@ -48,6 +49,13 @@ class ResourceType:
     allow_create_on_update: bool = False
     #: A feature gate without which the resource is not served.
     gate: str = ""
+    #: Versions added after the resource first appeared: version -> first release serving it.
+    added_in: Mapping[str, str] = field(default_factory=dict)
+
+    def served_in(self, version: str, release: str) -> bool:
+        """Whether a release serves this resource in a version."""
+        first = self.added_in.get(version)
+        return version in self.versions and (first is None or minor_of(release) >= minor_of(first))
 
     @property
     def group_resource(self) -> str:
@@ -180,15 +188,22 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
         "DeviceTaintRule",
         RESOURCE_GROUP,
         False,
-        ("v1alpha3",),
+        ("v1beta2", "v1alpha3"),
         "v1alpha3",
         _META_NAME,
         has_status=True,
         has_generation=True,
         return_deleted=True,
         gate="DRADeviceTaints",
+        # The same shape as v1alpha3; 1.36 serves it as v1beta2 too.
+        added_in={"v1beta2": "1.36"},
     ),
 )
+
+
+def minor_of(release: str) -> int:
+    """The minor version of a release (36 for ``1.36``)."""
+    return int(release.split(".")[1])
 
 
 def git_version(release: str) -> str:

@@ -8,6 +8,7 @@ a node agent writes are described; other fields pass through.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from agent.emulator.resources import RESOURCE_GROUP, ResourceType
@@ -45,14 +46,46 @@ _DEVICE_FIELDS = frozenset(
 )
 _TAINT = frozenset({"key", "value", "effect", "timeAdded"})
 _ATTRIBUTE = frozenset({"int", "bool", "string", "version"})
+#: ``DRAListTypeAttributes`` fields, new in the 1.36 API.
+_LIST_ATTRIBUTE = frozenset({"bools", "ints", "strings", "versions"})
 _CAPACITY = frozenset({"value", "requestPolicy"})
+_REQUEST_POLICY = frozenset({"default", "validValues", "validRange"})
+_RANGE = frozenset({"min", "max", "step"})
+_COUNTER_SET = frozenset({"name", "counters"})
+_CONSUMPTION = frozenset({"counterSet", "counters"})
+_COUNTER = frozenset({"value"})
+_METADATA = frozenset(
+    {
+        "name",
+        "generateName",
+        "namespace",
+        "selfLink",
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    }
+)
 
 
-def prune_unknown(rtype: ResourceType, version: str, body: JSON) -> list[str]:
-    """Remove unknown fields from body in place; returns their paths (served-version shape)."""
-    if rtype.group != RESOURCE_GROUP:
-        return []
+def prune_unknown(rtype: ResourceType, version: str, body: JSON, minor: int = 35) -> list[str]:
+    """Remove unknown fields from body in place; returns their paths (served-version shape).
+
+    ``metadata`` is checked for every type; the rest only for resource.k8s.io objects. ``minor`` is the
+    served release's minor version (fields added in a release are unknown before it).
+    """
     unknown: list[str] = []
+    if isinstance(body.get("metadata"), dict):
+        _prune(body["metadata"], _METADATA, "metadata.", unknown)
+    if rtype.group != RESOURCE_GROUP:
+        return unknown
     _prune(body, _TOP, "", unknown)
     if rtype.plural != "resourceslices":
         return unknown
@@ -62,6 +95,11 @@ def prune_unknown(rtype: ResourceType, version: str, body: JSON) -> list[str]:
     _prune(spec, _SLICE_SPEC, "spec.", unknown)
     if isinstance(spec.get("pool"), dict):
         _prune(spec["pool"], _POOL, "spec.pool.", unknown)
+    counter_sets = spec.get("sharedCounters")
+    for i, counter_set in enumerate(counter_sets if isinstance(counter_sets, list) else []):
+        if isinstance(counter_set, dict):
+            _prune_counters(counter_set, _COUNTER_SET, f"spec.sharedCounters[{i}].", unknown)
+    attribute_fields = _ATTRIBUTE | _LIST_ATTRIBUTE if minor >= 36 else _ATTRIBUTE
     devices = spec.get("devices")
     for i, device in enumerate(devices if isinstance(devices, list) else []):
         if not isinstance(device, dict):
@@ -80,15 +118,67 @@ def prune_unknown(rtype: ResourceType, version: str, body: JSON) -> list[str]:
             _prune(fields, _DEVICE_FIELDS, path, unknown)
         for name, attribute in _map(fields.get("attributes")):
             if isinstance(attribute, dict):
-                _prune(attribute, _ATTRIBUTE, f"{path}attributes.{name}.", unknown)
+                _prune(attribute, attribute_fields, f"{path}attributes.{name}.", unknown)
         for name, capacity in _map(fields.get("capacity")):
             if isinstance(capacity, dict):
-                _prune(capacity, _CAPACITY, f"{path}capacity.{name}.", unknown)
+                _prune_capacity(capacity, f"{path}capacity.{name}.", unknown)
+        consumptions = fields.get("consumesCounters")
+        for j, item in enumerate(consumptions if isinstance(consumptions, list) else []):
+            if isinstance(item, dict):
+                _prune_counters(item, _CONSUMPTION, f"{path}consumesCounters[{j}].", unknown)
         taints = fields.get("taints")
         for j, item in enumerate(taints if isinstance(taints, list) else []):
             if isinstance(item, dict):
                 _prune(item, _TAINT, f"{path}taints[{j}].", unknown)
     return unknown
+
+
+def _prune_capacity(capacity: JSON, path: str, unknown: list[str]) -> None:
+    _prune(capacity, _CAPACITY, path, unknown)
+    policy = capacity.get("requestPolicy")
+    if isinstance(policy, dict):
+        _prune(policy, _REQUEST_POLICY, f"{path}requestPolicy.", unknown)
+        if isinstance(policy.get("validRange"), dict):
+            _prune(policy["validRange"], _RANGE, f"{path}requestPolicy.validRange.", unknown)
+
+
+def _prune_counters(item: JSON, known: frozenset[str], path: str, unknown: list[str]) -> None:
+    _prune(item, known, path, unknown)
+    for name, counter in _map(item.get("counters")):
+        if isinstance(counter, dict):
+            _prune(counter, _COUNTER, f"{path}counters.{name}.", unknown)
+
+
+def parse_json(raw: bytes) -> tuple[Any, list[str]]:
+    """Decode a JSON body; also returns the paths of keys given twice in one object (the decoder's
+    ``duplicate field`` strict error), the last value winning as in Go."""
+    duplicates: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        repeated = []
+        for key, value in items:
+            if key in out:
+                repeated.append(key)
+            out[key] = value
+        if repeated:
+            out[_REPEATED] = repeated
+        return out
+
+    return _collect(json.loads(raw, object_pairs_hook=pairs), "", duplicates), duplicates
+
+
+_REPEATED = "\x00repeated"
+
+
+def _collect(value: Any, path: str, duplicates: list[str]) -> Any:
+    if isinstance(value, list):
+        return [_collect(item, f"{path}[{i}]", duplicates) for i, item in enumerate(value)]
+    if not isinstance(value, dict):
+        return value
+    for key in value.pop(_REPEATED, []):
+        duplicates.append(f"{path}.{key}" if path else key)
+    return {k: _collect(v, f"{path}.{k}" if path else k, duplicates) for k, v in value.items()}
 
 
 def _map(value: object) -> list[tuple[str, Any]]:
@@ -133,11 +223,29 @@ METADATA_T: Type = {
     "managedFields": ("list", _OBJ),
     "selfLink": "string",
 }
+_COUNTERS_T: Type = ("map", {"value": "quantity"})
+_POLICY_T: Type = {
+    "default": "quantity",
+    "validValues": ("list", "quantity"),
+    "validRange": {"min": "quantity", "max": "quantity", "step": "quantity"},
+}
 _DEVICE_T: Type = {
     "name": "string",
-    "attributes": ("map", {"int": "integer", "bool": "boolean", "string": "string", "version": "string"}),
-    "capacity": ("map", {"value": "quantity", "requestPolicy": _OBJ}),
-    "consumesCounters": ("list", _OBJ),
+    "attributes": (
+        "map",
+        {
+            "int": "integer",
+            "bool": "boolean",
+            "string": "string",
+            "version": "string",
+            "ints": ("list", "integer"),
+            "bools": ("list", "boolean"),
+            "strings": ("list", "string"),
+            "versions": ("list", "string"),
+        },
+    ),
+    "capacity": ("map", {"value": "quantity", "requestPolicy": _POLICY_T}),
+    "consumesCounters": ("list", {"counterSet": "string", "counters": _COUNTERS_T}),
     "nodeName": "string",
     "nodeSelector": _OBJ,
     "allNodes": "boolean",
@@ -155,7 +263,7 @@ SLICE_T: Type = {
         "nodeSelector": _OBJ,
         "allNodes": "boolean",
         "perDeviceNodeSelection": "boolean",
-        "sharedCounters": ("list", _OBJ),
+        "sharedCounters": ("list", {"name": "string", "counters": _COUNTERS_T}),
         "devices": ("list", _DEVICE_T),
     }
 }

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from agent.emulator.errors import ApiError, bad_request, gone
 from agent.emulator.faults import Faults
+from agent.emulator.patch import APPLY
 from agent.emulator.registry import Registry, rfc3339, store_key
 from agent.emulator.resources import (
     EVENTS_GROUP,
@@ -34,6 +35,7 @@ from agent.emulator.resources import (
     field_value,
     git_version,
 )
+from agent.emulator.schema import parse_json
 from agent.emulator.selectors import matcher
 from agent.emulator.store import Store
 
@@ -497,6 +499,8 @@ class KubeApiEmulator:
         self.requests[(verb, label)] += 1
         if verb in _WRITE_VERBS:
             self.writes[(verb, label)] += 1
+        if self.faults.slow.get(plural, 0.0) > 0:
+            await anyio.sleep(self.faults.slow[plural])
         injected = self.faults.take(verb, label)
         if injected is not None:
             raise injected
@@ -507,16 +511,19 @@ class KubeApiEmulator:
             raise bad_request(
                 f"fieldValidation parameter unsupported: {mode}. Supported values are: Ignore, Warn, Strict"
             )
-        body = await self._body(request, required=verb in ("create", "update", "patch"))
-        call = _Call(rtype, version, verb, namespace, name, subresource, query.get("dryRun") == "All", body)
+        dry_run = _dry_run(verb, query.getall("dryRun", []))
+        body, duplicates = await self._body(request, required=verb in ("create", "update", "patch"))
+        call = _Call(rtype, version, verb, namespace, name, subresource, dry_run, body)
         # The registry is synchronous: no other request runs between setting the mode and reading warnings.
         self.registry.field_validation = mode
         self.registry.warnings = []
+        self.registry.duplicate_fields = duplicates
         try:
             response = self._call(request, call)
         finally:
             warnings, self.registry.warnings = self.registry.warnings, []
             self.registry.field_validation = "Warn"
+            self.registry.duplicate_fields = []
         if warnings:
             response.headers["Warning"] = ", ".join(_warning(w) for w in warnings)
         return response
@@ -555,6 +562,24 @@ class KubeApiEmulator:
                     dry_run=call.dry_run,
                 )
             )
+        if call.verb == "patch" and _media(request) == APPLY:
+            manager = query.get("fieldManager", "")
+            if not manager:
+                raise invalid_options(
+                    "PatchOptions", "fieldManager", "Required value: is required for apply patch"
+                )
+            applied, is_new = self.registry.apply(
+                rtype,
+                version,
+                name,
+                call.body,
+                manager=manager,
+                force=_flag(query.get("force")),
+                namespace=namespace,
+                subresource=call.subresource,
+                dry_run=call.dry_run,
+            )
+            return _json(applied, 201 if is_new else 200)
         if call.verb == "patch":
             return _json(
                 self.registry.patch(
@@ -575,15 +600,18 @@ class KubeApiEmulator:
             )
         )
 
-    async def _body(self, request: web.Request, required: bool) -> Any:
+    async def _body(self, request: web.Request, required: bool) -> tuple[Any, builtins.list[str]]:
+        """The decoded body and the keys it repeats (apply configurations are YAML)."""
         raw = await request.read()
         if not raw:
             if required:
                 raise bad_request("the body of the request is empty")
-            return None
+            return None, []
         try:
-            return json.loads(raw)
-        except ValueError as error:
+            if _media(request) == APPLY:
+                return yaml.safe_load(raw), []
+            return parse_json(raw)
+        except (ValueError, yaml.YAMLError) as error:
             raise bad_request(f"the body of the request was in an unknown format: {error}") from None
 
     def _list_body(
@@ -853,6 +881,45 @@ def _warning(text: str) -> str:
     """An RFC 7234 warning value as the apiserver writes it (code 299, quoted, quotes escaped)."""
     escaped = text.replace("\\", "\\\\").replace('"', '\\"')
     return f'299 - "{escaped}"'
+
+
+_OPTIONS_KIND = {
+    "create": "CreateOptions",
+    "update": "UpdateOptions",
+    "patch": "PatchOptions",
+    "delete": "DeleteOptions",
+    "deletecollection": "DeleteOptions",
+}
+
+
+def _dry_run(verb: str, values: builtins.list[str]) -> bool:
+    """``dryRun`` of a write: only ``All`` is supported (metav1 ``ValidateDryRun``), else 422."""
+    if verb not in _OPTIONS_KIND:
+        return False
+    if any(v != "All" for v in values):
+        shown = json.dumps(values, separators=(",", ":"))
+        raise invalid_options(
+            _OPTIONS_KIND[verb], "dryRun", f'Unsupported value: {shown}: supported values: "All"'
+        )
+    return bool(values)
+
+
+def invalid_options(kind: str, field: str, detail: str) -> ApiError:
+    """422 for bad request options, as the apiserver words it (``CreateOptions.meta.k8s.io "" ...``)."""
+    reason = "FieldValueNotSupported" if detail.startswith("Unsupported") else "FieldValueRequired"
+    return ApiError(
+        422,
+        f'{kind}.meta.k8s.io "" is invalid: {field}: {detail}',
+        details={
+            "group": "meta.k8s.io",
+            "kind": kind,
+            "causes": [{"reason": reason, "message": detail, "field": field}],
+        },
+    )
+
+
+def _media(request: web.Request) -> str:
+    return request.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
 
 
 def _flag(value: str | None) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.core.quantity import Quantity
 from agent.emulator.errors import Cause
+from agent.emulator.resources import minor_of
 
 JSON = dict[str, Any]
 
@@ -75,9 +76,13 @@ RESERVED_FOR_MAX = 256
 DEVICE_STATUS_MAX_CONDITIONS = 8
 RAW_MAX_BYTES = 10 * 1024
 ANNOTATIONS_MAX_BYTES = 256 * 1024
+#: ``BindingConditionsMaxSize`` and ``BindingFailureConditionsMaxSize``.
+MAX_BINDING_CONDITIONS = 4
 
 
 def _fmt(value: object) -> str:
+    if value is None:
+        return "null"
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, bool):
@@ -207,6 +212,142 @@ def driver_name(path: str, value: object) -> list[Cause]:
     return [invalid(path, value, c.message.split(": ", 2)[-1]) for c in dns_subdomain(path, value.lower())]
 
 
+def pool_name(path: str, value: object) -> list[Cause]:
+    """``validatePoolName``: at most 253 bytes, each ``/``-separated part a DNS subdomain."""
+    if not value:
+        return [required(path)]
+    if not isinstance(value, str):
+        return [invalid(path, value, "must be a string")]
+    out: list[Cause] = []
+    if len(value) > POOL_NAME_MAX_LENGTH:
+        out.append(too_long(path, POOL_NAME_MAX_LENGTH))
+    for part in value.split("/"):
+        out += [invalid(path, part, c.message.split(": ", 2)[-1]) for c in dns_subdomain(path, part)]
+    return out
+
+
+def c_identifier(path: str, value: str, limit: int) -> list[Cause]:
+    """``validateCIdentifier``: at most ``limit`` bytes and a C identifier."""
+    out: list[Cause] = []
+    if len(value) > limit:
+        out.append(too_long(path, limit))
+    if not _C_IDENTIFIER.match(value):
+        out.append(invalid(path, value, C_IDENTIFIER_MSG))
+    return out
+
+
+def semver_ok(value: str) -> bool:
+    """Whether a string is a semver.org 2.0.0 version (the apiserver's ``semverRe``)."""
+    return bool(_SEMVER.match(value))
+
+
+def uid(path: str, value: object) -> list[Cause]:
+    """``validateUID``: what google/uuid ``Validate`` accepts, then RFC 4122 normalized form."""
+    text = value if isinstance(value, str) else str(value)
+    problem = _uuid_problem(text)
+    if problem:
+        return [invalid(path, text, f"error validating uid: {problem}")]
+    if len(text) != 36 or text != text.lower():
+        return [
+            invalid(
+                path,
+                text,
+                "uid must be in RFC 4122 normalized form, `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` "
+                "with lowercase hexadecimal characters",
+            )
+        ]
+    return []
+
+
+def _uuid_problem(text: str) -> str:
+    body = text
+    if len(text) == 45:
+        if text[:9].lower() != "urn:uuid:":
+            return f"invalid urn prefix: {json.dumps(text[:9])}"
+        body = text[9:]
+    elif len(text) == 38:
+        body = text[1:37]
+    elif len(text) == 32:
+        return "" if _HEX.match(text) else "invalid UUID format"
+    elif len(text) != 36:
+        return f"invalid UUID length: {len(text)}"
+    dashes = all(body[i] == "-" for i in (8, 13, 18, 23))
+    return "" if dashes and _HEX.match(body.replace("-", "")) else "invalid UUID format"
+
+
+_HEX = re.compile(r"^[0-9a-fA-F]{32}$")
+
+
+def node_selector(path: str, selector: object) -> list[Cause]:
+    """core ``ValidateNodeSelector`` (label values checked: ``allowInvalidLabelValue`` is false)."""
+    if not isinstance(selector, dict):
+        return [invalid(path, selector, "must be an object")]
+    terms = selector.get("nodeSelectorTerms") or []
+    terms_path = f"{path}.nodeSelectorTerms"
+    if not terms:
+        return [required(terms_path, "must have at least one node selector term")]
+    out: list[Cause] = []
+    for i, raw_term in enumerate(terms if isinstance(terms, list) else []):
+        term = raw_term if isinstance(raw_term, dict) else {}
+        for j, expression in enumerate(term.get("matchExpressions") or []):
+            out += _selector_requirement(f"{terms_path}[{i}].matchExpressions[{j}]", expression)
+        for j, requirement in enumerate(term.get("matchFields") or []):
+            out += _field_requirement(f"{terms_path}[{i}].matchFields[{j}]", requirement)
+    return out
+
+
+def _selector_requirement(path: str, rq: object) -> list[Cause]:
+    rq = rq if isinstance(rq, dict) else {}
+    operator, values = rq.get("operator", ""), rq.get("values") or []
+    out: list[Cause] = []
+    if operator in ("In", "NotIn"):
+        if not values:
+            out.append(required(f"{path}.values", "must be specified when `operator` is 'In' or 'NotIn'"))
+    elif operator in ("Exists", "DoesNotExist"):
+        if values:
+            out.append(
+                forbidden(
+                    f"{path}.values", "may not be specified when `operator` is 'Exists' or 'DoesNotExist'"
+                )
+            )
+    elif operator in ("Gt", "Lt"):
+        if len(values) != 1:
+            out.append(
+                required(f"{path}.values", "must be specified single value when `operator` is 'Lt' or 'Gt'")
+            )
+    else:
+        out.append(invalid(f"{path}.operator", operator, "not a valid selector operator"))
+    out += qualified_name(f"{path}.key", rq.get("key", ""))
+    for i, value in enumerate(values):
+        out += label_value(f"{path}.values[{i}]", value)
+    return out
+
+
+def _field_requirement(path: str, rq: object) -> list[Cause]:
+    rq = rq if isinstance(rq, dict) else {}
+    operator, values = rq.get("operator", ""), rq.get("values") or []
+    out: list[Cause] = []
+    if operator in ("In", "NotIn"):
+        if len(values) != 1:
+            out.append(
+                required(
+                    f"{path}.values",
+                    "must be only one value when `operator` is 'In' or 'NotIn' for node field selector",
+                )
+            )
+    else:
+        out.append(invalid(f"{path}.operator", operator, "not a valid selector operator"))
+    if rq.get("key") != "metadata.name":
+        out.append(invalid(f"{path}.key", rq.get("key", ""), "not a valid field selector key"))
+    else:
+        for i, value in enumerate(values):
+            out += [
+                invalid(f"{path}.values[{i}]", value, c.message.split(": ", 2)[-1])
+                for c in dns_subdomain(f"{path}.values[{i}]", value)
+            ]
+    return out
+
+
 @dataclass(frozen=True)
 class Rules:
     """What differs between releases and feature gates."""
@@ -217,7 +358,7 @@ class Rules:
     @property
     def minor(self) -> int:
         """The minor release number (34 for 1.34)."""
-        return int(self.release.split(".")[1])
+        return minor_of(self.release)
 
     @property
     def max_taints(self) -> int:
@@ -248,8 +389,6 @@ def metadata(obj: JSON, *, namespaced: bool, name_rule: str = "subdomain") -> li
         out += checker("metadata.name", name)
     if namespaced and not meta.get("namespace"):
         out.append(required("metadata.namespace"))
-    if not namespaced and meta.get("namespace"):
-        out.append(forbidden("metadata.namespace", "not allowed on this type"))
     labels = meta.get("labels") or {}
     if not isinstance(labels, dict):
         out.append(invalid("metadata.labels", labels, "must be a map of strings"))
@@ -318,58 +457,6 @@ def taint(path: str, value: object, rules: Rules) -> list[Cause]:
     return out
 
 
-def _attribute_name(path: str, name: object) -> list[Cause]:
-    if not isinstance(name, str) or not name:
-        return [required(path)]
-    domain, sep, ident = name.rpartition("/")
-    out: list[Cause] = []
-    if sep:
-        if not domain:
-            out.append(invalid(path, name, "the domain must not be empty"))
-        elif len(domain) > DEVICE_MAX_DOMAIN_LENGTH:
-            out.append(too_long(path, DEVICE_MAX_DOMAIN_LENGTH))
-        else:
-            out += [invalid(path, domain, c.message.split(": ", 2)[-1]) for c in dns_subdomain(path, domain)]
-    if not ident:
-        out.append(invalid(path, name, "the name must not be empty"))
-    elif len(ident) > DEVICE_MAX_ID_LENGTH:
-        out.append(too_long(path, DEVICE_MAX_ID_LENGTH))
-    elif not _C_IDENTIFIER.match(ident):
-        out.append(invalid(path, ident, C_IDENTIFIER_MSG))
-    return out
-
-
-def _attribute(path: str, value: object) -> list[Cause]:
-    if not isinstance(value, dict):
-        return [invalid(path, value, "must be an object")]
-    kinds = [k for k in ("int", "bool", "string", "version") if value.get(k) is not None]
-    if len(kinds) != 1:
-        return [invalid(path, value, "exactly one value must be specified")]
-    kind = kinds[0]
-    item = value[kind]
-    if kind == "int" and (
-        isinstance(item, bool) or not isinstance(item, int) or not _INT64[0] <= item <= _INT64[1]
-    ):
-        return [invalid(f"{path}.int", item, "must be a 64-bit integer")]
-    if kind == "bool" and not isinstance(item, bool):
-        return [invalid(f"{path}.bool", item, "must be a boolean")]
-    if kind == "string":
-        if not isinstance(item, str):
-            return [invalid(f"{path}.string", item, "must be a string")]
-        if len(item) > ATTRIBUTE_STRING_MAX:
-            return [too_long(f"{path}.string", ATTRIBUTE_STRING_MAX)]
-    if kind == "version":
-        if not isinstance(item, str):
-            return [invalid(f"{path}.version", item, "must be a string")]
-        if len(item) > VERSION_MAX:
-            return [too_long(f"{path}.version", VERSION_MAX)]
-        if not _SEMVER.match(item):
-            return [
-                invalid(f"{path}.version", item, "must be a string compatible with semver.org spec 2.0.0")
-            ]
-    return []
-
-
 def canonical_quantity(value: object) -> str | None:
     """The stored form of a quantity, or None when it does not parse."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -378,185 +465,6 @@ def canonical_quantity(value: object) -> str | None:
         return Quantity.parse(value).canonical()
     except Exception:
         return None
-
-
-def _device(path: str, device: object, rules: Rules) -> list[Cause]:
-    if not isinstance(device, dict):
-        return [invalid(path, device, "must be an object")]
-    out: list[Cause] = []
-    if not device.get("name"):
-        out.append(required(f"{path}.name"))
-    else:
-        out += dns_label(f"{path}.name", device["name"])
-    attributes = device.get("attributes") or {}
-    capacity = device.get("capacity") or {}
-    if not isinstance(attributes, dict):
-        out.append(invalid(f"{path}.attributes", attributes, "must be a map"))
-        attributes = {}
-    if not isinstance(capacity, dict):
-        out.append(invalid(f"{path}.capacity", capacity, "must be a map"))
-        capacity = {}
-    for name, attr in attributes.items():
-        out += _attribute_name(f"{path}.attributes[{name}]", name)
-        out += _attribute(f"{path}.attributes[{name}]", attr)
-    for name, cap in capacity.items():
-        cpath = f"{path}.capacity[{name}]"
-        out += _attribute_name(cpath, name)
-        if not isinstance(cap, dict) or "value" not in cap:
-            out.append(required(f"{cpath}.value"))
-        elif canonical_quantity(cap["value"]) is None:
-            out.append(
-                invalid(
-                    f"{cpath}.value",
-                    cap["value"],
-                    "quantities must match the regular expression "
-                    "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
-                )
-            )
-        elif "requestPolicy" in cap and not device.get("allowMultipleAllocations"):
-            out.append(
-                forbidden(f"{cpath}.requestPolicy", "allowed only when allowMultipleAllocations is true")
-            )
-    if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
-        out.append(
-            invalid(
-                path,
-                len(attributes) + len(capacity),
-                "the total number of attributes and capacities must not exceed "
-                f"{MAX_ATTRIBUTES_AND_CAPACITIES}",
-            )
-        )
-    taints = device.get("taints") or []
-    if not isinstance(taints, list):
-        out.append(invalid(f"{path}.taints", taints, "must be a list"))
-    else:
-        if len(taints) > rules.max_taints:
-            out.append(too_many(f"{path}.taints", len(taints), rules.max_taints))
-        for j, item in enumerate(taints):
-            out += taint(f"{path}.taints[{j}]", item, rules)
-    consumes = device.get("consumesCounters") or []
-    if isinstance(consumes, list) and len(consumes) > 2:
-        out.append(too_many(f"{path}.consumesCounters", len(consumes), 2))
-    return out
-
-
-def resource_slice(obj: JSON, rules: Rules) -> list[Cause]:
-    """ResourceSlice rules of the apiserver's validation (metadata checked separately)."""
-    spec = obj.get("spec")
-    if not isinstance(spec, dict):
-        return [required("spec")]
-    out: list[Cause] = []
-    out += driver_name("spec.driver", spec.get("driver"))
-    pool = spec.get("pool")
-    if not isinstance(pool, dict):
-        out.append(required("spec.pool"))
-    else:
-        pool_name = pool.get("name")
-        if not pool_name:
-            out.append(required("spec.pool.name"))
-        elif not isinstance(pool_name, str):
-            out.append(invalid("spec.pool.name", pool_name, "must be a string"))
-        elif len(pool_name) > POOL_NAME_MAX_LENGTH:
-            out.append(too_long("spec.pool.name", POOL_NAME_MAX_LENGTH))
-        else:
-            for part in pool_name.split("/"):
-                for c in dns_subdomain("spec.pool.name", part):
-                    out.append(invalid("spec.pool.name", pool_name, c.message.split(": ", 2)[-1]))
-        generation = pool.get("generation", 0)
-        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
-            out.append(invalid("spec.pool.generation", generation, "must be greater than or equal to 0"))
-        count = pool.get("resourceSliceCount", 0)
-        if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
-            out.append(invalid("spec.pool.resourceSliceCount", count, "must be greater than zero"))
-    selection = [
-        name
-        for name, present in (
-            ("`nodeName`", bool(spec.get("nodeName"))),
-            ("`nodeSelector`", spec.get("nodeSelector") is not None),
-            ("`allNodes`", spec.get("allNodes") is True),
-            ("`perDeviceNodeSelection`", spec.get("perDeviceNodeSelection") is True),
-        )
-        if present
-    ]
-    choices = "`nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection`"
-    if not selection:
-        out.append(required("spec", f"exactly one of {choices} is required"))
-    elif len(selection) > 1:
-        out.append(
-            invalid(
-                "spec",
-                "{" + ", ".join(selection) + "}",
-                f"exactly one of {choices} is required, but multiple fields are set",
-            )
-        )
-    if "nodeName" in spec:
-        if not spec["nodeName"]:
-            out.append(required("spec.nodeName", "must not be empty when set"))
-        else:
-            out += dns_subdomain("spec.nodeName", spec["nodeName"])
-    selector = spec.get("nodeSelector")
-    if selector is not None:
-        terms = selector.get("nodeSelectorTerms") if isinstance(selector, dict) else None
-        if not isinstance(terms, list) or len(terms) != 1:
-            out.append(
-                invalid(
-                    "spec.nodeSelector.nodeSelectorTerms", terms, "must have exactly one node selector term"
-                )
-            )
-    devices = spec.get("devices") or []
-    if not isinstance(devices, list):
-        return [*out, invalid("spec.devices", devices, "must be a list")]
-    counters = spec.get("sharedCounters") or []
-    if rules.minor >= 35 and devices and counters:
-        out.append(
-            invalid(
-                "spec", "{`devices`, `sharedCounters`}", "only one of sharedCounters or devices is allowed"
-            )
-        )
-    if isinstance(counters, list):
-        if len(counters) > MAX_COUNTER_SETS:
-            out.append(too_many("spec.sharedCounters", len(counters), MAX_COUNTER_SETS))
-        seen_sets: set[str] = set()
-        for i, counter_set in enumerate(counters):
-            path = f"spec.sharedCounters[{i}]"
-            name = counter_set.get("name") if isinstance(counter_set, dict) else None
-            out += dns_label(f"{path}.name", name) if name else [required(f"{path}.name")]
-            if name in seen_sets:
-                out.append(duplicate(f"{path}.name", name))
-            seen_sets.add(str(name))
-            entries = counter_set.get("counters") if isinstance(counter_set, dict) else None
-            if isinstance(entries, dict) and len(entries) > MAX_COUNTERS_PER_SET:
-                out.append(too_many(f"{path}.counters", len(entries), MAX_COUNTERS_PER_SET))
-    limit = SLICE_MAX_DEVICES
-    if rules.minor >= 35 and any(
-        isinstance(d, dict) and (d.get("taints") or d.get("consumesCounters")) for d in devices
-    ):
-        limit = SLICE_MAX_DEVICES_WITH_TAINTS
-    if len(devices) > limit:
-        out.append(too_many("spec.devices", len(devices), limit))
-    seen: set[str] = set()
-    for i, device in enumerate(devices):
-        path = f"spec.devices[{i}]"
-        out += _device(path, device, rules)
-        name = device.get("name") if isinstance(device, dict) else None
-        if isinstance(name, str) and name:
-            if name in seen:
-                out.append(duplicate(f"{path}.name", name))
-            seen.add(name)
-    return out
-
-
-def resource_slice_update(new: JSON, old: JSON) -> list[Cause]:
-    """Immutable ResourceSlice fields."""
-    out: list[Cause] = []
-    n, o = new.get("spec") or {}, old.get("spec") or {}
-    if n.get("driver") != o.get("driver"):
-        out.append(immutable("spec.driver", n.get("driver")))
-    if (n.get("pool") or {}).get("name") != (o.get("pool") or {}).get("name"):
-        out.append(immutable("spec.pool.name", (n.get("pool") or {}).get("name")))
-    if n.get("nodeName") != o.get("nodeName"):
-        out.append(immutable("spec.nodeName", n.get("nodeName")))
-    return out
 
 
 def _request(path: str, request: object) -> list[Cause]:
@@ -614,75 +522,234 @@ def resource_claim(obj: JSON) -> list[Cause]:
     return out
 
 
+def _request_names(spec: object) -> dict[str, set[str]]:
+    """Request name -> its subrequest names (``gatherRequestNames``)."""
+    devices = spec.get("devices") if isinstance(spec, dict) else None
+    requests = devices.get("requests") if isinstance(devices, dict) else None
+    names: dict[str, set[str]] = {}
+    for request in requests if isinstance(requests, list) else []:
+        if isinstance(request, dict):
+            subs = request.get("firstAvailable") or []
+            names[str(request.get("name"))] = {str(s.get("name")) for s in subs if isinstance(s, dict)}
+    return names
+
+
+def _request_ref(path: str, name: object, names: dict[str, set[str]]) -> list[Cause]:
+    """``validateRequestNameRef``: ``request`` or ``request/subrequest`` of this claim."""
+    text = name if isinstance(name, str) else ""
+    why = (
+        "must be the name of a request in the claim or the name of a request and a subrequest "
+        "separated by '/'"
+    )
+    segments = text.split("/")
+    if len(segments) > 2:
+        return [invalid(path, text, why)]
+    out: list[Cause] = []
+    for segment in segments:
+        out += dns_label(path, segment) if segment else [required(path)]
+    known = segments[0] in names and (len(segments) == 1 or segments[1] in names[segments[0]])
+    if not known:
+        out.append(invalid(path, text, why))
+    return out
+
+
+def _allocation_result(path: str, result: JSON, names: dict[str, set[str]]) -> list[Cause]:
+    """``validateDeviceRequestAllocationResult``."""
+    out = _request_ref(f"{path}.request", result.get("request"), names)
+    out += driver_name(f"{path}.driver", result.get("driver"))
+    out += pool_name(f"{path}.pool", result.get("pool"))
+    device = result.get("device")
+    out += dns_label(f"{path}.device", device) if device else [required(f"{path}.device")]
+    out += binding_parameters(path, result.get("bindingConditions"), result.get("bindingFailureConditions"))
+    if result.get("shareID") is not None:
+        out += uid(f"{path}.shareID", result["shareID"])
+    return out
+
+
+def binding_parameters(path: str, conditions: object, failures: object) -> list[Cause]:
+    """``validateDeviceBindingParameters`` (devices and allocation results alike)."""
+    cond = conditions if isinstance(conditions, list) else []
+    fail = failures if isinstance(failures, list) else []
+    out: list[Cause] = []
+    for field, items in (("bindingConditions", cond), ("bindingFailureConditions", fail)):
+        if len(items) > MAX_BINDING_CONDITIONS:
+            out.append(too_many(f"{path}.{field}", len(items), MAX_BINDING_CONDITIONS))
+        else:
+            for i, item in enumerate(items):
+                out += qualified_name(f"{path}.{field}[{i}]", item)
+    for field, items in (("bindingConditions", cond), ("bindingFailureConditions", fail)):
+        seen: set[Any] = set()
+        for i, item in enumerate(items):
+            if item in seen:
+                out.append(duplicate(f"{path}.{field}[{i}]", item))
+            seen.add(item)
+            if field == "bindingFailureConditions" and item in cond:
+                out.append(
+                    invalid(
+                        f"{path}.{field}[{i}]",
+                        item,
+                        "bindingFailureConditions must not overlap with bindingConditions",
+                    )
+                )
+    if not cond and fail:
+        out.append(
+            invalid(
+                f"{path}.bindingConditions",
+                conditions,
+                "bindingConditions are required to use bindingFailureConditions",
+            )
+        )
+    if not fail and cond:
+        out.append(
+            invalid(
+                f"{path}.bindingFailureConditions",
+                failures,
+                "bindingFailureConditions are required to use bindingConditions",
+            )
+        )
+    return out
+
+
+def _device_id(entry: JSON) -> tuple[Any, ...]:
+    return (entry.get("driver"), entry.get("pool"), entry.get("device"), entry.get("shareID"))
+
+
+def _shown_id(ident: tuple[Any, ...]) -> str:
+    shown = f"{ident[0]}/{ident[1]}/{ident[2]}"
+    return f"{shown}/{ident[3]}" if ident[3] else shown
+
+
+_CONDITION_STATUSES = ["False", "True", "Unknown"]
+_CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+
+
+def conditions(path: str, items: object) -> list[Cause]:
+    """metav1 ``ValidateConditions``: unique types, known status, transition time and reason set."""
+    out: list[Cause] = []
+    seen: set[Any] = set()
+    for i, raw in enumerate(items if isinstance(items, list) else []):
+        cpath = f"{path}[{i}]"
+        condition = raw if isinstance(raw, dict) else {}
+        kind = condition.get("type", "")
+        if kind in seen:
+            out.append(duplicate(f"{cpath}.type", kind))
+        seen.add(kind)
+        out += qualified_name(f"{cpath}.type", kind)
+        if condition.get("status") not in _CONDITION_STATUSES:
+            out.append(not_supported(f"{cpath}.status", condition.get("status", ""), _CONDITION_STATUSES))
+        generation = condition.get("observedGeneration", 0)
+        if isinstance(generation, int) and generation < 0:
+            out.append(
+                invalid(f"{cpath}.observedGeneration", generation, "must be greater than or equal to zero")
+            )
+        if not condition.get("lastTransitionTime"):
+            out.append(required(f"{cpath}.lastTransitionTime"))
+        reason = condition.get("reason", "")
+        if not reason:
+            out.append(required(f"{cpath}.reason"))
+        elif not isinstance(reason, str) or not _CONDITION_REASON.match(reason):
+            out.append(
+                invalid(
+                    f"{cpath}.reason",
+                    reason,
+                    "a condition reason must start with alphabetic character, optionally followed by a "
+                    "string of alphanumeric characters or '_,:', and must end with an alphanumeric "
+                    "character or '_'",
+                )
+            )
+        elif len(reason) > 1024:
+            out.append(too_long(f"{cpath}.reason", 1024))
+        if len(str(condition.get("message", ""))) > 32 * 1024:
+            out.append(too_long(f"{cpath}.message", 32 * 1024))
+    return out
+
+
 def resource_claim_status(obj: JSON, old: JSON | None) -> list[Cause]:
-    """ResourceClaim status: allocation results and device status entries."""
+    """``validateResourceClaimStatusUpdate``: consumers, device status, then the allocation."""
     status = obj.get("status") or {}
     if not isinstance(status, dict):
         return [invalid("status", status, "must be an object")]
+    old_status = ((old or {}).get("status") or {}) if old is not None else {}
+    names = _request_names(obj.get("spec"))
     out: list[Cause] = []
-    allocation = status.get("allocation")
-    results: list[Any] = []
-    if allocation is not None:
-        results = (
-            ((allocation.get("devices") or {}).get("results") or []) if isinstance(allocation, dict) else []
-        )
-        if len(results) > ALLOCATION_RESULTS_MAX:
-            out.append(too_many("status.allocation.devices.results", len(results), ALLOCATION_RESULTS_MAX))
-        for i, result in enumerate(results):
-            path = f"status.allocation.devices.results[{i}]"
-            if not isinstance(result, dict):
-                out.append(invalid(path, result, "must be an object"))
-                continue
-            for key in ("request", "driver", "pool", "device"):
-                if not result.get(key):
-                    out.append(required(f"{path}.{key}"))
-            if result.get("driver"):
-                out += driver_name(f"{path}.driver", result["driver"])
-            if result.get("device"):
-                out += dns_label(f"{path}.device", result["device"])
-        old_alloc = ((old or {}).get("status") or {}).get("allocation")
-        if old_alloc is not None and old_alloc != allocation:
-            out.append(immutable("status.allocation", "<allocation>"))
     reserved = status.get("reservedFor") or []
     if len(reserved) > RESERVED_FOR_MAX:
         out.append(too_many("status.reservedFor", len(reserved), RESERVED_FOR_MAX))
-    if reserved and allocation is None:
-        out.append(forbidden("status.reservedFor", "may not be specified when `allocated` is not set"))
-    allocated = {
-        (r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID"))
-        for r in results
-        if isinstance(r, dict)
-    }
+    else:
+        uids: set[Any] = set()
+        for i, raw in enumerate(reserved):
+            ref = raw if isinstance(raw, dict) else {}
+            for key in ("resource", "name", "uid"):
+                if not ref.get(key):
+                    out.append(required(f"status.reservedFor[{i}].{key}"))
+        for i, ref in enumerate(reserved):
+            ident = ref.get("uid") if isinstance(ref, dict) else None
+            if ident in uids:
+                out.append(duplicate(f"status.reservedFor[{i}]", ident))
+            uids.add(ident)
+    allocation = status.get("allocation")
+    results = ((allocation.get("devices") or {}).get("results") or []) if isinstance(allocation, dict) else []
+    allocated = {_device_id(r) for r in results if isinstance(r, dict)}
     seen: set[tuple[Any, ...]] = set()
     for i, entry in enumerate(status.get("devices") or []):
         path = f"status.devices[{i}]"
         if not isinstance(entry, dict):
             out.append(invalid(path, entry, "must be an object"))
             continue
-        ident = (entry.get("driver"), entry.get("pool"), entry.get("device"), entry.get("shareID"))
+        out += driver_name(f"{path}.driver", entry.get("driver"))
+        out += pool_name(f"{path}.pool", entry.get("pool"))
+        out += (
+            dns_label(f"{path}.device", entry.get("device"))
+            if entry.get("device")
+            else [required(f"{path}.device")]
+        )
+        if entry.get("shareID") is not None:
+            out += uid(f"{path}.shareID", entry["shareID"])
+        ident = _device_id(entry)
         if ident not in allocated:
-            out.append(
-                invalid(path, f"{ident[0]}/{ident[1]}/{ident[2]}", "must be an allocated device in the claim")
-            )
-        if ident in seen:
-            out.append(duplicate(path, f"{ident[0]}/{ident[1]}/{ident[2]}"))
-        seen.add(ident)
-        conditions = entry.get("conditions") or []
-        if len(conditions) > DEVICE_STATUS_MAX_CONDITIONS:
-            out.append(too_many(f"{path}.conditions", len(conditions), DEVICE_STATUS_MAX_CONDITIONS))
+            out.append(invalid(path, _shown_id(ident), "must be an allocated device in the claim"))
+        items = entry.get("conditions") or []
+        if len(items) > DEVICE_STATUS_MAX_CONDITIONS:
+            out.append(too_many(f"{path}.conditions", len(items), DEVICE_STATUS_MAX_CONDITIONS))
+        out += conditions(f"{path}.conditions", items)
         if "data" in entry:
             if not isinstance(entry["data"], dict):
-                out.append(invalid(f"{path}.data", "<value>", "must be a valid JSON object"))
+                out.append(invalid(f"{path}.data", "<value omitted>", "must be a valid JSON object"))
             elif len(json.dumps(entry["data"])) > RAW_MAX_BYTES:
                 out.append(too_long(f"{path}.data", RAW_MAX_BYTES))
         network = entry.get("networkData") or {}
         if isinstance(network, dict):
             if len(network.get("interfaceName") or "") > 256:
                 out.append(too_long(f"{path}.networkData.interfaceName", 256))
-            if len(network.get("ips") or []) > 16:
-                out.append(too_many(f"{path}.networkData.ips", len(network["ips"]), 16))
             if len(network.get("hardwareAddress") or "") > 128:
                 out.append(too_long(f"{path}.networkData.hardwareAddress", 128))
+            if len(network.get("ips") or []) > 16:
+                out.append(too_many(f"{path}.networkData.ips", len(network["ips"]), 16))
+    for i, entry in enumerate(status.get("devices") or []):
+        if isinstance(entry, dict):
+            ident = _device_id(entry)
+            if ident in seen:
+                out.append(duplicate(f"status.devices[{i}]", _shown_id(ident)))
+            seen.add(ident)
+    if reserved and allocation is None:
+        out.append(forbidden("status.reservedFor", "may not be specified when `allocated` is not set"))
+    old_allocation = old_status.get("allocation")
+    if old_allocation is not None and allocation is not None:
+        if old_allocation != allocation:
+            out.append(immutable("status.allocation", "<allocation>"))
+    elif allocation is not None:
+        if len(results) > ALLOCATION_RESULTS_MAX:
+            out.append(too_many("status.allocation.devices.results", len(results), ALLOCATION_RESULTS_MAX))
+        else:
+            for i, result in enumerate(results):
+                path = f"status.allocation.devices.results[{i}]"
+                if isinstance(result, dict):
+                    out += _allocation_result(path, result, names)
+                else:
+                    out.append(invalid(path, result, "must be an object"))
+        selector = allocation.get("nodeSelector") if isinstance(allocation, dict) else None
+        if selector is not None:
+            out += node_selector("status.allocation.nodeSelector", selector)
     return out
 
 

@@ -17,9 +17,13 @@ from agent.core.quantity import Quantity
 from agent.health.taints import DeviceTaint
 
 MAX_DEVICES_PER_SLICE = 128
+"""Devices per slice (upstream ``ResourceSliceMaxDevices``)."""
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+"""From 1.35, when a device has taints (``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters``)."""
 API_GROUP = "resource.k8s.io"
 API_VERSIONS = ("v1", "v1beta2", "v1beta1")
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "dra-agent"
 
 
 def qualify(name: str, driver: str) -> str:
@@ -74,90 +78,8 @@ def _strip(name: str, driver: str) -> str:
     return name[len(prefix) :] if name.startswith(prefix) else name
 
 
-def chunk_devices(
-    devices: Sequence[Device],
-    tainted: set[str],
-    max_devices: int = MAX_DEVICES_PER_SLICE,
-    max_with_taints: int = MAX_DEVICES_PER_SLICE_WITH_TAINTS,
-) -> list[list[Device]]:
-    """Split devices into slices: at most `max_devices` each, `max_with_taints` if any is tainted.
-
-    Devices keep a stable order (by name) so that one device's change touches one slice.
-    """
-    ordered = sorted(devices, key=lambda d: _natural_key(d.name))
-    limit = max_with_taints if tainted else max_devices
-    chunks = [list(ordered[i : i + limit]) for i in range(0, len(ordered), limit)]
-    return chunks or [[]]
-
-
 def _natural_key(name: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
-
-
-def build_slice(
-    *,
-    driver: str,
-    node_name: str,
-    node_uid: str,
-    devices: Sequence[Device],
-    taints: Mapping[str, Sequence[DeviceTaint]],
-    generation: int,
-    slice_count: int,
-    api_version: str = "v1",
-    name: str | None = None,
-) -> dict[str, Any]:
-    """One ResourceSlice object of our pool (``generateName`` unless `name` is given)."""
-    metadata: dict[str, Any] = {
-        "labels": {"app.kubernetes.io/managed-by": "dra-agent"},
-    }
-    if name:
-        metadata["name"] = name
-    else:
-        metadata["generateName"] = f"{node_name}-{driver}-"
-    if node_uid:
-        metadata["ownerReferences"] = [
-            {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
-        ]
-    return {
-        "apiVersion": f"{API_GROUP}/{api_version}",
-        "kind": "ResourceSlice",
-        "metadata": metadata,
-        "spec": {
-            "driver": driver,
-            "nodeName": node_name,
-            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": slice_count},
-            "devices": [device_to_api(d, taints.get(d.name, ()), api_version) for d in devices],
-        },
-    }
-
-
-def build_pool(
-    *,
-    driver: str,
-    node_name: str,
-    node_uid: str,
-    devices: Sequence[Device],
-    taints: Mapping[str, Sequence[DeviceTaint]],
-    generation: int = 0,
-    api_version: str = "v1",
-    max_with_taints: int = MAX_DEVICES_PER_SLICE_WITH_TAINTS,
-) -> list[dict[str, Any]]:
-    """All slices of one driver's pool on this node (at least one, even when empty)."""
-    tainted = {name for name, ts in taints.items() if ts}
-    chunks = chunk_devices(devices, tainted, max_with_taints=max_with_taints)
-    return [
-        build_slice(
-            driver=driver,
-            node_name=node_name,
-            node_uid=node_uid,
-            devices=chunk,
-            taints=taints,
-            generation=generation,
-            slice_count=len(chunks),
-            api_version=api_version,
-        )
-        for chunk in chunks
-    ]
 
 
 def natural_sorted(names: Sequence[str]) -> list[str]:
@@ -214,24 +136,76 @@ def device_names(slice_obj: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(str(d.get("name")) for d in devices if isinstance(d, Mapping))
 
 
-def chunk_names(
-    names: Sequence[str], tainted: set[str], max_devices: int, max_with_taints: int
-) -> list[list[str]]:
-    """Split device names (natural order) into slices; one with a tainted device holds `max_with_taints`.
+def chunk_names(names: Sequence[str], max_devices: int) -> list[list[str]]:
+    """Split device names (natural order) into slices of at most `max_devices` (at least one slice).
 
-    Chunks fill greedily, so an untainted pool keeps the 128-device layout.
+    A stable order keeps one device's change inside one slice.
     """
-    chunks: list[list[str]] = []
-    current: list[str] = []
-    current_tainted = False
-    for name in natural_sorted(names):
-        is_tainted = name in tainted
-        limit = max_with_taints if (current_tainted or is_tainted) else max_devices
-        if len(current) + 1 > limit:
-            chunks.append(current)
-            current, current_tainted = [], False
-        current.append(name)
-        current_tainted = current_tainted or is_tainted
-    if current or not chunks:
-        chunks.append(current)
-    return chunks
+    ordered = natural_sorted(names)
+    chunks = [ordered[i : i + max_devices] for i in range(0, len(ordered), max_devices)]
+    return chunks or [[]]
+
+
+def keep_time_added(entry: Mapping[str, Any], stored: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`entry` with the stored ``timeAdded`` of taints that stay (key, value and effect equal).
+
+    As the Go slice controller's ``copyTaintTimeAdded``: an update must not reset when a taint began.
+    """
+    if not stored:
+        return dict(entry)
+    times = {
+        taint_identity(t): t["timeAdded"]
+        for t in flat_device(stored).get("taints") or []
+        if isinstance(t, Mapping) and t.get("timeAdded")
+    }
+    wrapped = "basic" in entry
+    body = dict(entry["basic"] if wrapped else entry)
+    if not times or not body.get("taints"):
+        return dict(entry)
+    body["taints"] = [
+        {**t, "timeAdded": times[taint_identity(t)]}
+        if "timeAdded" not in t and taint_identity(t) in times
+        else t
+        for t in body["taints"]
+    ]
+    return {"name": entry.get("name"), "basic": body} if wrapped else body
+
+
+def build_slice(
+    *,
+    driver: str,
+    node_name: str,
+    node_uid: str,
+    entries: Sequence[Mapping[str, Any]],
+    generation: int,
+    slice_count: int,
+    api_version: str = "v1",
+    current: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One ResourceSlice of our pool (named after the node), owned by the Node.
+
+    The only slice builder: the publisher writes what it returns and ``--kube none`` prints it.
+    A new slice gets ``generateName``; an update of `current` keeps its metadata (name,
+    resourceVersion for the precondition) and the ``timeAdded`` of taints that stay.
+    """
+    if current is not None:
+        metadata = {k: v for k, v in current.get("metadata", {}).items() if k != "managedFields"}
+        stored = {str(d.get("name")): d for d in current.get("spec", {}).get("devices") or []}
+        entries = [keep_time_added(e, stored.get(str(e.get("name")))) for e in entries]
+    else:
+        metadata = {"generateName": f"{node_name}-{driver}-"}
+    metadata["labels"] = {**metadata.get("labels", {}), MANAGED_BY_LABEL: MANAGED_BY}
+    metadata["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
+    ]
+    return {
+        "apiVersion": f"{API_GROUP}/{api_version}",
+        "kind": "ResourceSlice",
+        "metadata": metadata,
+        "spec": {
+            "driver": driver,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": slice_count},
+            "devices": [dict(e) for e in entries],
+        },
+    }

@@ -7,17 +7,74 @@ calls a vendor library, so a scrape never blocks on hardware.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from agent import __version__
 from agent.core.model import HealthStatus
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-TELEMETRY_LABELS = ("driver", "pool", "device", "uuid", "pci_bus_id", "product")
-"""Labels of every per-device telemetry gauge; ``pool`` is the node name (the slices' pool)."""
+TELEMETRY_LABELS = ("driver", "pool", "device", "UUID", "pci_bus_id", "product")
+"""Labels of every per-device telemetry gauge; ``pool`` is the node name (the slices' pool).
+``UUID`` and ``pci_bus_id`` are spelled as dcgm-exporter spells them, so one ``on(UUID)`` joins them
+with `ALLOCATION_LABELS` and with dcgm-exporter's series."""
+ALLOCATION_LABELS = (
+    "driver",
+    "pool",
+    "device",
+    "UUID",
+    "pci_bus_id",
+    "namespace",
+    "pod",
+    "container",
+    "claim",
+)
+"""Labels of ``dra_agent_device_allocation_info``: the device (as in `TELEMETRY_LABELS`), the pod and
+container using it (dcgm-exporter's and AMD's device-metrics-exporter's names) and the claim."""
 CLAIM_OPERATIONS = ("prepare", "unprepare")
 HEALTH_LABELS = tuple(status.value.lower() for status in HealthStatus)
 """Values of the ``health`` label of `Metrics.devices`: healthy, unhealthy, unknown."""
+
+# The label values below are created at 0 at start, so `increase()` sees the first event of each
+# (a counter series born at 1 shows no increase). tests/observability/test_metrics.py checks that
+# the code raises no reason missing here.
+CLAIM_RESULTS = ("success", "error")
+CLAIM_ERROR_REASONS: Mapping[str, tuple[str, ...]] = {
+    "prepare": (
+        "api",
+        "claim_state",
+        "invalid",
+        "other_node",
+        "unknown_device",
+        "backend",
+        "cdi",
+        "checkpoint",
+        "internal",
+    ),
+    "unprepare": ("backend", "cdi", "checkpoint", "internal"),
+}
+"""``reason`` values of `Metrics.claim_errors` per operation (agent/claims/state.py, reader.py)."""
+PUBLISH_ERROR_REASONS = (
+    "unreachable",
+    "throttled",
+    "conflict",
+    "server_error",
+    "node_missing",
+    "internal",
+    "taints_unsupported",
+)
+"""``reason`` values of `Metrics.publish_errors` known in advance (agent/kube/publisher.py); refusals
+add ``http_<status>``."""
+CHECKPOINT_RECOVERY_REASONS = (
+    "unreadable",
+    "invalid_json",
+    "unknown_version",
+    "invalid_schema",
+    "checksum_mismatch",
+)
+"""``reason`` values of `Metrics.checkpoint_recoveries` (agent/claims/checkpoint.py)."""
+REGISTRATION_RESULTS = ("accepted", "refused")
 
 
 class Metrics:
@@ -98,6 +155,19 @@ class Metrics:
             registry=r,
         )
 
+        self.allocation_info = Gauge(
+            "dra_agent_device_allocation_info",
+            "1 per prepared device and the container (or pod) using it; join on UUID for per-pod telemetry.",
+            ALLOCATION_LABELS,
+            registry=r,
+        )
+        self.device_plugins = Gauge(
+            "dra_agent_device_plugin_present",
+            "1 per device plugin socket of the same vendor found in the kubelet's device-plugins directory.",
+            ("driver", "socket"),
+            registry=r,
+        )
+
         # Kubernetes side.
         self.slices_published = Gauge(
             "dra_agent_resourceslices",
@@ -145,6 +215,12 @@ class Metrics:
         self.dropped_taint_fallbacks = Counter(
             "dra_agent_taints_dropped_by_apiserver_total",
             "Slices whose taints the API server dropped (DRADeviceTaints off).",
+            ("driver",),
+            registry=r,
+        )
+        self.unpublishable_devices = Gauge(
+            "dra_agent_unpublishable_devices",
+            "Devices that should be tainted but whose taints the API server drops (enable DRADeviceTaints).",
             ("driver",),
             registry=r,
         )
@@ -239,8 +315,12 @@ class Metrics:
             registry=r,
         )
 
-    def init_driver(self, driver: str) -> None:
-        """Create at zero the series of `driver` whose label values are known at start."""
+    def init_driver(self, driver: str, conditions: Iterable[str] = ()) -> None:
+        """Create at zero the series of `driver` whose label values are known at start.
+
+        `conditions` are the health conditions the driver's backend can report
+        (`agent.core.backend.declared_conditions`).
+        """
         self.registration_status.labels(driver)
         self.prepared_claims.labels(driver)
         self.prepared_devices.labels(driver)
@@ -248,10 +328,23 @@ class Metrics:
         self.slices_published.labels(driver)
         self.publish_latency.labels(driver)
         self.dropped_taint_fallbacks.labels(driver)
+        self.unpublishable_devices.labels(driver)
         self.monitor_last_seen.labels(driver)
         self.telemetry_read_seconds.labels(driver)
         self.telemetry_errors.labels(driver)
         for operation in CLAIM_OPERATIONS:
             self.claim_latency.labels(driver, operation)
+            for result in CLAIM_RESULTS:
+                self.claim_operations.labels(driver, operation, result)
+            for reason in CLAIM_ERROR_REASONS[operation]:
+                self.claim_errors.labels(driver, operation, reason)
         for health in HEALTH_LABELS:
             self.devices.labels(driver, health)
+        for condition in conditions:
+            self.health_events.labels(driver, condition)
+        for reason in PUBLISH_ERROR_REASONS:
+            self.publish_errors.labels(driver, reason)
+        for result in REGISTRATION_RESULTS:
+            self.registration_notifications.labels(driver, result)
+        for reason in CHECKPOINT_RECOVERY_REASONS:  # no driver label: the same series for every driver
+            self.checkpoint_recoveries.labels(reason)

@@ -2,7 +2,7 @@
 
 `TelemetryPoller` reads a backend's device counters on an interval into the Prometheus gauges.
 The backend does its vendor calls in a worker thread, so a slow read delays only the next read,
-never a prepare call. Gauges carry ``driver, pool, device, uuid, pci_bus_id, product`` (pool =
+never a prepare call. Gauges carry ``driver, pool, device, UUID, pci_bus_id, product`` (pool =
 node name; the rest from the inventory's `Device`). A field the device cannot report (None)
 has no series rather than a stale one; series of vanished devices are removed; when a read
 fails, the driver's telemetry series are removed too (stale figures mislead more than gaps).
@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from prometheus_client import Gauge
 
-from agent.core.backend import Backend, DeviceTelemetry, HealthEvent, HealthSink
+from agent.core.backend import Backend, DeviceTelemetry, HealthEvent, HealthSink, declared_conditions
 from agent.core.clock import Clock, SystemClock
 from agent.core.inventory import Inventory
 from agent.core.logs import log_fields
@@ -157,7 +157,7 @@ class TelemetryPoller:
         self.failures = 0
         self._series: dict[Gauge, set[LabelValues]] = {}
         self._fields = _fields(metrics)
-        metrics.init_driver(backend.driver_name)
+        metrics.init_driver(backend.driver_name, declared_conditions(backend))
         if readiness is not None:
             readiness.expect(self.check)
 

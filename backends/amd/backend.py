@@ -17,7 +17,7 @@ from agent.core.model import Device
 from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT, STOP_TIMEOUT
 from backends.amd.discovery import DEFAULT_DRIVER_NAME, Discovery, Sysfs, build_devices, read_processors
 from backends.amd.edits import StatFn, container_edits
-from backends.amd.health import HealthMemory, HealthMonitor, HealthSettings
+from backends.amd.health import CONDITIONS, HealthMemory, HealthMonitor, HealthSettings
 from backends.amd.smi import SmiLibrary, check_module, describe, handle_key, import_amdsmi, init_error
 from backends.amd.telemetry import read_telemetry
 
@@ -66,6 +66,8 @@ def _identity(discovery: Discovery) -> set[tuple[str, int]]:
 
 class AmdBackend:
     """Serves one DRA driver name (``gpu.amd.com`` by default) from what amdsmi sees."""
+
+    health_conditions = CONDITIONS
 
     def __init__(
         self,

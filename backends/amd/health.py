@@ -72,6 +72,17 @@ EVENT_CONDITIONS: Mapping[str, tuple[str, Severity, bool]] = {
     "THERMAL_THROTTLE": (THERMAL_THROTTLE, Severity.INFO, True),
     "VMFAULT": (VM_FAULT, Severity.INFO, False),
 }
+CONDITIONS = (
+    GPU_RESET,
+    RING_HANG,
+    VM_FAULT,
+    THERMAL_THROTTLE,
+    ECC_UNCORRECTABLE,
+    CPER_FATAL,
+    GPU_LOST,
+    UNMONITORED,
+)
+"""Every condition this monitor reports (the backend's `health_conditions`)."""
 CPER_SEV_FATAL = 1  # amdsmi_cper_sev_t AMDSMI_CPER_SEV_FATAL; the mask has bit (1 << severity)
 
 

@@ -10,6 +10,12 @@ Settings (``--backend fake:key=value,...``):
     ``/tmp/dra-agent-fake-<node>.sock``; ``off`` disables it.
 ``prepare_fail``, ``prepare_fail_rate``, ``prepare_latency``, ``seed``
     Prepare fault injection (see `backends.fake.backend`).
+``device_files``
+    Host directory of the per-claim device description files that containers mount (see
+    `backends.fake.devicefile`); default ``<state dir>/fake-devices``; ``off``: environment only.
+
+Prepared devices get environment variables and a mounted JSON file, never device nodes, so the
+specs run in a real container runtime on nodes without GPUs.
 
 A driver name given with the backend (``driver=...``) renames the driver of a one-driver profile.
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 from agent.core.backend import Backend, BackendOptions
 from agent.core.clock import Clock, SystemClock
@@ -26,7 +33,17 @@ from backends.fake.backend import FakeBackend, FaultInjector, PrepareFaults, wit
 from backends.fake.profile import load_profile
 
 # `driver` comes through `BackendOptions.driver_name`; it is listed so that it is accepted here.
-SETTINGS = ("driver", "profile", "control", "prepare_fail", "prepare_fail_rate", "prepare_latency", "seed")
+SETTINGS = (
+    "driver",
+    "profile",
+    "control",
+    "prepare_fail",
+    "prepare_fail_rate",
+    "prepare_latency",
+    "seed",
+    "device_files",
+)
+DEVICE_FILES_DIR = "fake-devices"
 DEFAULT_PROFILE = "mixed"
 
 
@@ -61,6 +78,18 @@ def prepare_faults(settings: dict[str, str]) -> PrepareFaults:
     )
 
 
+def device_files_root(settings: dict[str, str], state_dir: Path | None) -> Path | None:
+    """Where the device description files go; None: none are written."""
+    value = settings.get("device_files", "")
+    if value == "off" or (not value and state_dir is None):
+        return None
+    if not value:
+        return Path(state_dir or ".") / DEVICE_FILES_DIR
+    if not value.startswith("/"):
+        raise ConfigError("--backend fake setting device_files", value, "an absolute directory or off")
+    return Path(value)
+
+
 def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[Backend]:
     """One `FakeBackend` per driver of the profile, sharing one fault injector and control socket."""
     settings = dict(options.settings)
@@ -74,6 +103,7 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
     profile = load_profile(settings.get("profile", DEFAULT_PROFILE))
     control = settings.get("control", default_control_path(options.node_name))
     faults = prepare_faults(settings)
+    files = device_files_root(settings, options.state_dir)
     if options.driver_name and len(profile.drivers) != 1:
         raise ConfigError(
             "--backend fake driver",
@@ -88,7 +118,15 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
         name = options.driver_name or driver.name
         devices = with_driver(driver.devices, name) if name != driver.name else list(driver.devices)
         backends.append(
-            FakeBackend(name, devices, injector, vendor=driver.vendor, prepare_faults=faults, clock=clock)
+            FakeBackend(
+                name,
+                devices,
+                injector,
+                vendor=driver.vendor,
+                prepare_faults=faults,
+                clock=clock,
+                device_files=files / name if files is not None else None,
+            )
         )
     return backends
 

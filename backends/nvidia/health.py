@@ -67,6 +67,8 @@ GPU_LOST = "gpu-lost"
 UNMONITORED = "unmonitored"
 ECC_UNCORRECTABLE = "ecc-uncorrectable"
 ECC_CORRECTABLE = "ecc-correctable"
+CONDITIONS = (XID, GPU_LOST, UNMONITORED, ECC_UNCORRECTABLE, ECC_CORRECTABLE)
+"""Every condition this monitor reports (the backend's `health_conditions`)."""
 
 
 def parse_xids(option: str, value: str) -> frozenset[int]:

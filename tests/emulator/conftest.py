@@ -6,6 +6,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 from kubernetes_asyncio import client as _client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -74,3 +75,23 @@ async def api(emu: KubeApiEmulator) -> AsyncIterator[Any]:
     """A kubernetes-asyncio ApiClient talking to `emu`."""
     async with client.ApiClient(emu.configuration()) as api_client:
         yield api_client
+
+
+async def send(
+    emu: KubeApiEmulator,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    query: dict[str, str] | None = None,
+    content_type: str = "application/json",
+) -> tuple[int, dict[str, Any], str]:
+    """One raw HTTP request: status, decoded body and the Warning header."""
+    data = body if isinstance(body, str) or body is None else json.dumps(body)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(
+            method, emu.url + path, data=data, params=query or {}, headers={"Content-Type": content_type}
+        ) as response,
+    ):
+        return response.status, await response.json(), response.headers.get("Warning", "")

@@ -23,6 +23,7 @@ async def _get(emu: KubeApiEmulator, path: str) -> tuple[int, Any]:
         ("1.33", ["v1beta2", "v1beta1", "v1alpha3"]),
         ("1.34", ["v1", "v1beta2", "v1beta1", "v1alpha3"]),
         ("1.35", ["v1", "v1beta2", "v1beta1", "v1alpha3"]),
+        ("1.36", ["v1", "v1beta2", "v1beta1", "v1alpha3"]),
     ],
 )
 async def test_resource_group_versions_per_release(release: str, versions: list[str]) -> None:
@@ -46,6 +47,31 @@ async def test_v1alpha3_serves_only_device_taint_rules() -> None:
         assert names["resourceclaims"]["namespaced"] is True
         assert names["resourceclaims/status"]["verbs"] == ["get", "patch", "update"]
         assert "watch" in names["resourceslices"]["verbs"]
+
+
+async def test_v1beta2_lists_device_taint_rules_from_1_36() -> None:
+    """1.36 adds DeviceTaintRule to resource.k8s.io/v1beta2 (same shape as v1alpha3)."""
+    for release, listed in (("1.35", False), ("1.36", True)):
+        async with KubeApiEmulator(version=release) as emu:
+            _, resources = await _get(emu, "/apis/resource.k8s.io/v1beta2")
+            assert ("devicetaintrules" in [r["name"] for r in resources["resources"]]) is listed, release
+    async with KubeApiEmulator(version="1.36") as emu:
+        rule = {
+            "apiVersion": "resource.k8s.io/v1beta2",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": "r"},
+            "spec": {"taint": {"key": "example.com/k", "effect": "NoSchedule"}},
+        }
+        async with aiohttp.ClientSession() as session:
+            url = emu.url + "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+            async with session.post(url, json=rule) as response:
+                assert response.status == 201
+                assert (await response.json())["apiVersion"] == "resource.k8s.io/v1beta2"
+        _, alpha = await _get(emu, "/apis/resource.k8s.io/v1alpha3/devicetaintrules/r")
+        assert (
+            alpha["apiVersion"] == "resource.k8s.io/v1alpha3"
+            and alpha["spec"]["taint"]["key"] == "example.com/k"
+        )
 
 
 async def test_no_dra_has_no_resource_group() -> None:
