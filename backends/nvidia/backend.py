@@ -17,8 +17,10 @@ from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device, check_driver_name
 from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
+from backends.nvidia.dynamicmig import DynamicMig, gpu_handles_sync
 from backends.nvidia.edits import CDI_MODES, EditsConfig, container_edits, driver_mounts, resolve_dev_root
 from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState, XidPolicy
+from backends.nvidia.migjournal import MigJournal
 from backends.nvidia.nvml import Nvml, load_pynvml
 from backends.nvidia.telemetry import read_telemetry_sync
 
@@ -33,7 +35,10 @@ SETTINGS = (
     "telemetry-interval",
     "health-wait-ms",
     "recovery-interval",
+    "dynamic-mig",
+    "dynamic-mig-dir",
 )
+DEFAULT_DYNAMIC_MIG_DIR = "/var/lib/dra-agent"
 
 
 def _float_setting(settings: Mapping[str, str], key: str, default: float, minimum: float) -> float:
@@ -81,6 +86,16 @@ class NvidiaBackend:
         self._telemetry_interval = _float_setting(settings, "telemetry-interval", 0.0, 0.0)
         self._wait_ms = int(_float_setting(settings, "health-wait-ms", 500, 10))
         self._recovery_interval = _float_setting(settings, "recovery-interval", 5.0, 0.0)
+        dynamic = (settings.get("dynamic-mig") or "false").lower()
+        if dynamic not in ("true", "false"):
+            raise ConfigError("nvidia setting dynamic-mig", dynamic, "true or false")
+        journal_dir = Path(settings.get("dynamic-mig-dir") or DEFAULT_DYNAMIC_MIG_DIR)
+        if not journal_dir.is_absolute():
+            raise ConfigError(
+                "nvidia setting dynamic-mig-dir", str(journal_dir), "an absolute directory path"
+            )
+        self._journal_path = journal_dir / f"dynamic-mig-{self._driver}.json" if dynamic == "true" else None
+        self._dynamic: DynamicMig | None = None
         self._module = nvml_module
         self._nvml: Nvml | None = None
         self._driver_root = driver_root
@@ -122,6 +137,12 @@ class NvidiaBackend:
         nvml = Nvml(module, self._driver_root)
         await nvml.run(nvml.init_sync)
         self._nvml = nvml
+        if self._journal_path is not None:
+            journal = MigJournal(self._journal_path)
+            await anyio.to_thread.run_sync(journal.load)
+            self._dynamic = DynamicMig(nvml, journal)
+            handles = await nvml.run(gpu_handles_sync, nvml)
+            await nvml.run(self._dynamic.reconcile_sync, handles)
         if self._edits.mode == "own":
             self._mounts = await anyio.to_thread.run_sync(driver_mounts, self._driver_root)
             if not self._mounts:
@@ -142,7 +163,7 @@ class NvidiaBackend:
     async def discover(self) -> Sequence[Device]:
         nvml = self._lib()
         try:
-            discovery = await nvml.run(discover_sync, nvml, self._driver, self._sysfs_root)
+            discovery = await nvml.run(discover_sync, nvml, self._driver, self._sysfs_root, self._dynamic)
         except Exception as error:
             if nvml.is_error(error):
                 raise BackendError(
@@ -192,13 +213,27 @@ class NvidiaBackend:
         if key in self._prepared:
             return self._prepared[key]
         nv = self._device(device)
-        edits = await anyio.to_thread.run_sync(container_edits, nv, self._edits, self._mounts)
+        placement = self._dynamic.placements.get(device) if self._dynamic is not None else None
+        if self._dynamic is not None and placement is not None:
+
+            async def finish(mig: NvDevice) -> ContainerEdits:
+                return await anyio.to_thread.run_sync(container_edits, mig, self._edits, self._mounts)
+
+            edits = await self._dynamic.prepare(placement, claim.uid, nv, finish)
+        else:
+            edits = await anyio.to_thread.run_sync(container_edits, nv, self._edits, self._mounts)
         self._prepared[key] = edits
         log.info("prepared device", extra=log_fields(device=device, claim=claim.uid, mode=self._edits.mode))
         return edits
 
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
-        # Nothing on the GPU changes when preparing, so nothing to undo.
+        # Only a dynamic MIG device changes the GPU when prepared; the others have nothing to undo.
+        if self._dynamic is not None:
+            placement = self._dynamic.placements.get(device)
+            gpus = {g.uuid: g.handle for g in self._discovery.gpus}
+            handle = gpus.get(placement.gpu_uuid) if placement is not None else None
+            if placement is not None and handle is not None:
+                await self._dynamic.unprepare(device, claim.uid, handle)
         self._prepared.pop((claim.uid, device), None)
 
     async def telemetry(self) -> Sequence[DeviceTelemetry]:
@@ -207,8 +242,11 @@ class NvidiaBackend:
         now = self._clock.monotonic()
         if self._telemetry_at is not None and now - self._telemetry_at < self._telemetry_interval:
             return list(self._telemetry_cache)
+        placements = self._dynamic.placements if self._dynamic is not None else {}
+        # A MIG placement is no device until prepared: its GPU reports for it.
+        devices = [d for d in discovery.devices if d.name not in placements]
         readings = await nvml.run(
-            read_telemetry_sync, nvml, discovery.devices, dict(self._health.last_xid), self._clock.time()
+            read_telemetry_sync, nvml, devices, dict(self._health.last_xid), self._clock.time()
         )
         self._telemetry_cache, self._telemetry_at = readings, now
         return readings
