@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.core.errors import QuantityError
-from agent.core.model import Device, Version
+from agent.core.model import MAX_COUNTER_SETS_PER_SLICE, CounterSet, Device, Version
 from agent.core.quantity import Quantity
 from agent.health.taints import DeviceTaint
 
@@ -62,6 +62,11 @@ def device_to_api(
         body["capacity"] = {
             _strip(k, device.driver): {"value": q.canonical()} for k, q in sorted(device.capacity.items())
         }
+    if device.consumes_counters:
+        body["consumesCounters"] = [
+            {"counterSet": c.counter_set, "counters": _counters_to_api(c.counters)}
+            for c in device.consumes_counters
+        ]
     if taints:
         body["taints"] = [taint_to_api(t) for t in taints]
     if api_version == "v1beta1":
@@ -141,8 +146,25 @@ def build_pool(
     generation: int = 0,
     api_version: str = "v1",
     max_with_taints: int = MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+    server_minor: int | None = None,
 ) -> list[dict[str, Any]]:
-    """All slices of one driver's pool on this node (at least one, even when empty)."""
+    """All slices of one driver's pool on this node (at least one, even when empty).
+
+    A pool with partitionable devices (counter sets) is laid out by `build_partitionable_pool`
+    for the served release `server_minor` (None: the newest rules).
+    """
+    if any(d.counter_sets or d.consumes_counters for d in devices):
+        return build_partitionable_pool(
+            driver=driver,
+            node_name=node_name,
+            node_uid=node_uid,
+            devices=devices,
+            taints=taints,
+            generation=generation,
+            api_version=api_version,
+            max_with_taints=max_with_taints,
+            server_minor=server_minor,
+        )
     tainted = {name for name, ts in taints.items() if ts}
     chunks = chunk_devices(devices, tainted, max_with_taints=max_with_taints)
     return [
@@ -235,3 +257,152 @@ def chunk_names(
     if current or not chunks:
         chunks.append(current)
     return chunks
+
+
+# -- partitionable devices (DRAPartitionableDevices, KEP-4815) ---------------------------------
+
+#: 1.33 and 1.34 (``validation.go`` of those releases): counters live in the slice of the devices
+#: that consume them, at most 32 counters in all the counter sets of a slice, at most 32
+#: counters per device and 1024 in all the devices of a slice.
+MAX_SHARED_COUNTERS_1_34 = 32
+MAX_DEVICE_COUNTERS_PER_SLICE_1_34 = 1024
+#: From 1.35, ``sharedCounters`` and ``devices`` may not share a slice.
+SEPARATE_COUNTERS_FROM = 35
+
+
+def _counters_to_api(counters: Mapping[str, Quantity]) -> dict[str, Any]:
+    return {k: {"value": q.canonical()} for k, q in sorted(counters.items())}
+
+
+def counter_set_to_api(counter_set: CounterSet) -> dict[str, Any]:
+    """One entry of ``spec.sharedCounters``."""
+    return {"name": counter_set.name, "counters": _counters_to_api(counter_set.counters)}
+
+
+def build_partitionable_pool(
+    *,
+    driver: str,
+    node_name: str,
+    node_uid: str,
+    devices: Sequence[Device],
+    taints: Mapping[str, Sequence[DeviceTaint]],
+    generation: int = 0,
+    api_version: str = "v1",
+    max_with_taints: int = MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+    server_minor: int | None = None,
+) -> list[dict[str, Any]]:
+    """The slices of a pool whose devices consume shared counters, as the served release wants them.
+
+    1.35 and later (upstream ``validateResourceSliceSpec``: "only one of `sharedCounters` or
+    `devices` is allowed"): the counter sets go in slices of their own (8 sets each), the devices
+    in slices of at most 64 (the limit once any device consumes counters). 1.33 and 1.34: each
+    slice carries the counter sets its devices consume (a device may only name a set of its own
+    slice), grouped while the slice stays within 32 shared counters, 128 devices and 1024
+    consumed counters; devices that consume nothing follow in plain slices.
+    """
+    sets = [s for d in devices for s in d.counter_sets]
+    if server_minor is None or server_minor >= SEPARATE_COUNTERS_FROM:
+        groups: list[tuple[list[CounterSet], list[Device]]] = [
+            (sets[i : i + MAX_COUNTER_SETS_PER_SLICE], [])
+            for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+        ]
+        limit = min(max_with_taints, MAX_DEVICES_PER_SLICE_WITH_TAINTS)
+        groups += [([], chunk) for chunk in chunk_by_hardware(devices, limit)]
+    else:
+        groups = _shared_groups(sets, devices, max_with_taints, {n for n, ts in taints.items() if ts})
+    out: list[dict[str, Any]] = []
+    for counter_sets, members in groups:
+        slice_obj = build_slice(
+            driver=driver,
+            node_name=node_name,
+            node_uid=node_uid,
+            devices=members,
+            taints=taints,
+            generation=generation,
+            slice_count=len(groups),
+            api_version=api_version,
+        )
+        if counter_sets:
+            slice_obj["spec"]["sharedCounters"] = [counter_set_to_api(c) for c in counter_sets]
+            if not members:
+                del slice_obj["spec"]["devices"]
+        out.append(slice_obj)
+    return out
+
+
+def offer_order(devices: Sequence[Device]) -> list[Device]:
+    """Devices grouped by hardware (``parent``), the whole device first, then its partitions by name
+    in reverse natural order.
+
+    The scheduler allocates the first device that fits, in slice order (verified on 1.36). Partition
+    names end with their placement start (``gpu-0-mig-3g40gb-9-4``), so offering the last start
+    first packs partitions from the end and keeps the low placements free for the next claims:
+    a 3g.40gb then takes slices 4-7 of an A100 and two 2g.20gb still fit at 0 and 2.
+    """
+    by_name = sorted(devices, key=lambda d: _natural_key(d.name), reverse=True)
+    return sorted(by_name, key=lambda d: (_natural_key(d.parent or d.name), bool(d.parent)))
+
+
+def chunk_by_hardware(devices: Sequence[Device], limit: int) -> list[list[Device]]:
+    """Slices of at most `limit` devices in `offer_order`, keeping one piece of hardware in one slice."""
+    groups: dict[str, list[Device]] = {}
+    for device in offer_order(devices):
+        groups.setdefault(device.parent or device.name, []).append(device)
+    chunks: list[list[Device]] = []
+    current: list[Device] = []
+    for group in groups.values():
+        if current and len(current) + len(group) > limit:
+            chunks.append(current)
+            current = []
+        for device in group:  # a group larger than a slice is split
+            if len(current) == limit:
+                chunks.append(current)
+                current = []
+            current.append(device)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _device_counter_total(device: Device) -> int:
+    return sum(len(c.counters) for c in device.consumes_counters)
+
+
+def _shared_groups(
+    sets: Sequence[CounterSet], devices: Sequence[Device], max_with_taints: int, tainted: set[str]
+) -> list[tuple[list[CounterSet], list[Device]]]:
+    """1.33/1.34 layout: counter sets packed with the devices that consume them."""
+    consumers: dict[str, list[Device]] = {s.name: [] for s in sets}
+    plain: list[Device] = []
+    for device in offer_order(devices):
+        named = [c.counter_set for c in device.consumes_counters if c.counter_set in consumers]
+        if named:
+            consumers[named[0]].append(device)
+        else:
+            plain.append(device)
+    groups: list[tuple[list[CounterSet], list[Device]]] = []
+    for counter_set in sets:
+        members = consumers[counter_set.name]
+        size = len(counter_set.counters)
+        counted = sum(_device_counter_total(d) for d in members)
+        if groups:
+            last_sets, last_devices = groups[-1]
+            limit = (
+                max_with_taints
+                if tainted & {d.name for d in [*last_devices, *members]}
+                else MAX_DEVICES_PER_SLICE
+            )
+            if (
+                sum(len(s.counters) for s in last_sets) + size <= MAX_SHARED_COUNTERS_1_34
+                and len(last_devices) + len(members) <= limit
+                and sum(_device_counter_total(d) for d in last_devices) + counted
+                <= MAX_DEVICE_COUNTERS_PER_SLICE_1_34
+            ):
+                last_sets.append(counter_set)
+                last_devices.extend(members)
+                continue
+        groups.append(([counter_set], list(members)))
+    groups += [
+        ([], chunk) for chunk in chunk_devices(plain, tainted, max_with_taints=max_with_taints) if chunk
+    ]
+    return groups

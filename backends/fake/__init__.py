@@ -10,6 +10,9 @@ Settings (``--backend fake:key=value,...``):
     ``/tmp/dra-agent-fake-<node>.sock``; ``off`` disables it.
 ``prepare_fail``, ``prepare_fail_rate``, ``prepare_latency``, ``seed``
     Prepare fault injection (see `backends.fake.backend`).
+``dynamic-mig``
+    ``true``: whole NVIDIA GPUs that can do MIG are published partitionable, as the NVIDIA
+    backend's ``dynamic-mig=true`` does (see `backends.fake.dynamicmig`); default ``false``.
 
 A driver name given with the backend (``driver=...``) renames the driver of a one-driver profile.
 """
@@ -23,10 +26,20 @@ from agent.core.backend import Backend, BackendOptions
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ConfigError
 from backends.fake.backend import FakeBackend, FaultInjector, PrepareFaults, with_driver
+from backends.fake.dynamicmig import FakeDynamicMig
 from backends.fake.profile import load_profile
 
 # `driver` comes through `BackendOptions.driver_name`; it is listed so that it is accepted here.
-SETTINGS = ("driver", "profile", "control", "prepare_fail", "prepare_fail_rate", "prepare_latency", "seed")
+SETTINGS = (
+    "driver",
+    "profile",
+    "control",
+    "prepare_fail",
+    "prepare_fail_rate",
+    "prepare_latency",
+    "seed",
+    "dynamic-mig",
+)
 DEFAULT_PROFILE = "mixed"
 
 
@@ -74,6 +87,9 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
     profile = load_profile(settings.get("profile", DEFAULT_PROFILE))
     control = settings.get("control", default_control_path(options.node_name))
     faults = prepare_faults(settings)
+    dynamic = settings.get("dynamic-mig", "false").lower()
+    if dynamic not in ("true", "false"):
+        raise ConfigError("--backend fake setting dynamic-mig", dynamic, "true or false")
     if options.driver_name and len(profile.drivers) != 1:
         raise ConfigError(
             "--backend fake driver",
@@ -87,8 +103,19 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
     for driver in profile.drivers:
         name = options.driver_name or driver.name
         devices = with_driver(driver.devices, name) if name != driver.name else list(driver.devices)
+        partitions = FakeDynamicMig() if dynamic == "true" and driver.vendor == "nvidia" else None
+        if partitions is not None:
+            devices = partitions.partition(devices)
         backends.append(
-            FakeBackend(name, devices, injector, vendor=driver.vendor, prepare_faults=faults, clock=clock)
+            FakeBackend(
+                name,
+                devices,
+                injector,
+                vendor=driver.vendor,
+                prepare_faults=faults,
+                clock=clock,
+                partitions=partitions,
+            )
         )
     return backends
 

@@ -46,6 +46,7 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device, Severity
+from backends.fake.dynamicmig import FakeDynamicMig
 
 log = logging.getLogger("agent.fake")
 
@@ -121,8 +122,10 @@ class FakeBackend:
         vendor: str = "generic",
         prepare_faults: PrepareFaults | None = None,
         clock: Clock | None = None,
+        partitions: FakeDynamicMig | None = None,
     ) -> None:
         self._driver = driver_name
+        self._partitions = partitions
         self._devices = {d.name: d for d in devices}
         self._vendor = vendor
         self._faults = prepare_faults or PrepareFaults()
@@ -243,11 +246,15 @@ class FakeBackend:
                 f"fake backend {self._driver}: injected prepare failure for device {device!r} "
                 "(backend settings prepare_fail / prepare_fail_rate)"
             )
+        if self._partitions is not None and device in self._partitions.placements:
+            self._partitions.create(device, claim.uid)
         edits = self._edits(found)
         self.prepared[key] = edits
         return edits
 
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
+        if self._partitions is not None:
+            self._partitions.destroy(device, claim.uid)
         self.prepared.pop((claim.uid, device), None)
 
     def _edits(self, device: Device) -> ContainerEdits:
