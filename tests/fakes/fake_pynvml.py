@@ -586,8 +586,20 @@ class MigNvml(FakeNvml):
 
     def __init__(self, gpus: Sequence[FakeGpu] = (), **kwargs: Any) -> None:
         self.mig_hook: Any = None
+        self.once: dict[str, int] = {}
+        """NVML function name -> error code it raises at its next call only (a transient failure)."""
         self._next_uuid = 0
         super().__init__(gpus, **kwargs)
+
+    def fail_once(self, function: str, code: int) -> None:
+        self.once[function] = code
+
+    def _enter(self, name: str, handle: FakeHandle | None = None) -> None:
+        code = self.once.pop(name, None)
+        if code is not None:
+            self.calls.append(name)
+            raise error(code)
+        super()._enter(name, handle)
 
     def _hook(self, phase: str, call: str) -> None:
         if self.mig_hook is not None:
