@@ -6,6 +6,7 @@ import pytest
 
 from agent.core.backend import BackendOptions, ClaimRef
 from agent.core.errors import BackendError, ConfigError
+from agent.core.model import Device
 from backends.fake import FakeBackend, create_backend
 
 
@@ -33,9 +34,14 @@ async def test_a_placement_whose_counters_are_taken_is_refused_until_freed() -> 
     await backend.prepare("gpu-0-mig-7g80gb-0-0", ClaimRef("ns", "c", "uid-c"))
 
 
+async def discovered(profile: str, dynamic: str = "true") -> dict[str, Device]:
+    return {d.name: d for b in backends(profile, dynamic) for d in await b.discover()}
+
+
 async def test_other_vendors_and_static_mig_stay_as_they_are() -> None:
-    amd = backends("amd-mi300x-8x")
-    assert not any(d.counter_sets or d.consumes_counters for b in amd for d in await b.discover())
-    static = {d.name for b in backends("nvidia-a100-8x", "false") for d in await b.discover()}
-    dynamic = {d.name for b in backends("nvidia-a100-8x") for d in await b.discover()}
-    assert {n for n in static if "-mig-" in n} <= dynamic  # gpu-6 and gpu-7 keep the admin's layout
+    amd = await discovered("amd-mi300x-8x")
+    assert not any(d.counter_sets or d.consumes_counters for d in amd.values())
+    static = await discovered("nvidia-a100-8x", "false")
+    dynamic = await discovered("nvidia-a100-8x")
+    assert {n for n in static if "-mig-" in n} <= set(dynamic)  # gpu-6 and gpu-7 keep the admin's layout
+    assert dynamic["gpu-6-mig-3g40gb-9-0"] == static["gpu-6-mig-3g40gb-9-0"]
