@@ -268,9 +268,7 @@ class DynamicMig:
             raise self._fail("create the compute instance", placement, error) from error
         try:
             ci_id = int(lib.nvmlComputeInstanceGetInfo(compute).id)
-            entry = entry.at(CI_CREATED, ci_id=ci_id)
-            self.journal.put(entry)
-            entry = entry.at(CI_CREATED, mig_uuid=self._mig_uuid(gpu.handle, gi_id, ci_id))
+            entry = entry.at(CI_CREATED, ci_id=ci_id, mig_uuid=self._mig_uuid(gpu.handle, gi_id, ci_id))
             self.journal.put(entry)
         except Exception as error:
             self._rollback_sync(gpu.handle, entry)
