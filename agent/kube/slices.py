@@ -227,6 +227,21 @@ def semantic_device(entry: Mapping[str, Any]) -> tuple[Any, ...]:
         ),
         tuple(sorted((str(k), _quantity_key(v)) for k, v in capacity.items())),
         tuple(sorted(taint_identity(t) for t in taints if isinstance(t, Mapping))),
+        _consumption_key(flat.get("consumesCounters") or []),
+    )
+
+
+def _consumption_key(consumptions: Any) -> tuple[Any, ...]:
+    """``consumesCounters`` by value, so a changed MIG placement is not taken for the stored one."""
+    if not isinstance(consumptions, list):
+        return ()
+    return tuple(
+        (
+            str(c.get("counterSet")),
+            tuple(sorted((str(k), _quantity_key(v)) for k, v in (c.get("counters") or {}).items())),
+        )
+        for c in consumptions
+        if isinstance(c, Mapping)
     )
 
 

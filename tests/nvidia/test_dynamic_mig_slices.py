@@ -30,7 +30,7 @@ from agent.core.model import Device
 from agent.core.quantity import Quantity
 from agent.emulator.slice_rules import resource_slice
 from agent.emulator.validation import Rules
-from agent.kube.slices import build_pool
+from agent.kube.slices import build_pool, semantic_device
 from backends.fake import create_backend
 from backends.fake.migtables import A100_40GB, A100_80GB, H100_80GB, layout_for
 from backends.nvidia.migprofiles import MigLayout, dynamic_devices, gpu_counters
@@ -232,3 +232,19 @@ def test_placement_devices_carry_the_static_mig_attributes() -> None:
     assert set(static.capacity) == set(dynamic.capacity)
     assert set(static.attributes) - set(dynamic.attributes) <= {"uuid", "index", "minor"}
     assert not static.consumes_counters  # the administrator's static layout publishes no counters
+
+
+def test_a_changed_consumption_is_a_change_for_the_publisher() -> None:
+    entry = {
+        "name": "d",
+        "consumesCounters": [{"counterSet": "s", "counters": {"memory-slice-0": {"value": "1"}}}],
+    }
+    same = {
+        "name": "d",
+        "consumesCounters": [{"counterSet": "s", "counters": {"memory-slice-0": {"value": 1}}}],
+    }
+    moved = {
+        "name": "d",
+        "consumesCounters": [{"counterSet": "s", "counters": {"memory-slice-1": {"value": "1"}}}],
+    }
+    assert semantic_device(entry) == semantic_device(same) != semantic_device(moved)
