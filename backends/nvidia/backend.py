@@ -229,11 +229,9 @@ class NvidiaBackend:
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
         # Only a dynamic MIG device changes the GPU when prepared; the others have nothing to undo.
         if self._dynamic is not None:
-            placement = self._dynamic.placements.get(device)
-            gpus = {g.uuid: g.handle for g in self._discovery.gpus}
-            handle = gpus.get(placement.gpu_uuid) if placement is not None else None
-            if placement is not None and handle is not None:
-                await self._dynamic.unprepare(device, claim.uid, handle)
+            # The journal, not the current discovery, says which GPU holds the claim's MIG device.
+            gpus = {g.uuid: g.handle for g in (await self._ensure_discovered()).gpus}
+            await self._dynamic.unprepare(device, claim.uid, gpus)
         self._prepared.pop((claim.uid, device), None)
 
     async def telemetry(self) -> Sequence[DeviceTelemetry]:

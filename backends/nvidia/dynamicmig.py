@@ -57,6 +57,9 @@ class DynamicMig:
         self._lib: Any = nvml.lib
         self.journal = journal
         self.placements: dict[str, PlacementDevice] = {}
+        """Every placement ever published. Kept when its GPU turns static (someone created a MIG
+        device by hand), so that a late allocation of it fails to create rather than being given
+        the other MIG device that now has the same name."""
         self._layouts: dict[str, MigLayout] = {}
         self._said: set[tuple[str, str]] = set()
 
@@ -188,12 +191,22 @@ class DynamicMig:
         )
         return result
 
-    async def unprepare(self, placement_name: str, claim_uid: str, gpu_handle: Any) -> None:
-        """Destroy the claim's MIG device (compute instance, then GPU instance); gone already is fine."""
+    async def unprepare(self, placement_name: str, claim_uid: str, handles: dict[str, Any]) -> None:
+        """Destroy the claim's MIG device (compute instance, then GPU instance); gone already is fine.
+
+        `handles` maps GPU UUIDs to NVML handles; a GPU that is gone took its MIG devices with it.
+        """
         entry = await anyio.to_thread.run_sync(self.journal.get, claim_uid, placement_name)
         if entry is None:
             return
-        await self._nvml.run(self._destroy_sync, gpu_handle, entry)
+        handle = handles.get(entry.gpu_uuid)
+        if handle is None:
+            log.warning(
+                "the GPU of a MIG device is gone: forgetting it", extra=log_fields(gpu=entry.gpu_uuid)
+            )
+            await anyio.to_thread.run_sync(self.journal.remove, entry)
+            return
+        await self._nvml.run(self._destroy_sync, handle, entry)
         log.info(
             "destroyed MIG device", extra=log_fields(device=placement_name, claim=claim_uid, gi=entry.gi_id)
         )

@@ -237,3 +237,39 @@ async def test_mig_placements_follow_their_gpu_health_with_one_monitor(
     assert {e.value for e in sink.events if e.device.startswith("gpu-0")} == {"79"}
     # A placement is no device until created: telemetry reads GPUs, not 26 devices per GPU.
     assert PLACEMENT not in {t.device for t in await backend.telemetry()}
+
+
+async def test_unprepare_follows_the_journal_even_when_the_gpu_turned_static(
+    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
+) -> None:
+    backend = backend_on(make_backend, nvml, journal_dir)
+    await backend.start()
+    await backend.discover()
+    await backend.prepare(PLACEMENT, CLAIM)
+    await backend.stop()
+    lib, gpu = nvml.module, nvml.gpus[0]
+    where = real.c_nvmlGpuInstancePlacement_t()
+    where.start, where.size = 0, 2
+    lib.nvmlInit()
+    lib.nvmlDeviceCreateGpuInstanceWithPlacement(lib.nvmlDeviceGetHandleByIndex(0), 14, where)  # by hand
+    again = backend_on(make_backend, nvml, journal_dir)
+    await again.start()
+    # Static now: only the MIG devices that exist are published (ours among them), no counters.
+    devices = {d.name: d for d in await again.discover() if d.name.startswith("gpu-0")}
+    assert list(devices) == [PLACEMENT] and not devices[PLACEMENT].consumes_counters
+    await again.unprepare(PLACEMENT, CLAIM)
+    assert [(m.profile_id, m.start) for m in gpu.migs] == [(14, 0)]  # ours gone, the hand-made one kept
+    assert journal(journal_dir).entries() == []
+
+
+async def test_unprepare_of_a_gpu_that_is_gone_forgets_it(
+    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
+) -> None:
+    backend = backend_on(make_backend, nvml, journal_dir)
+    await backend.start()
+    await backend.discover()
+    await backend.prepare(PLACEMENT, CLAIM)
+    nvml.gpus[0].lost = True
+    await backend.discover()
+    await backend.unprepare(PLACEMENT, CLAIM)
+    assert journal(journal_dir).entries() == []
