@@ -20,6 +20,7 @@ from agent.config import AgentConfig
 from agent.core.backend import Backend, BackendOptions, load_backend_factory
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import AgentError, ConfigError
+from agent.core.exclusion import EXCLUDE_SETTING, exclude_devices, parse_exclusions
 from agent.core.inventory import Inventory
 from agent.core.logs import log_fields
 from agent.health.tracker import HealthTracker
@@ -33,7 +34,10 @@ def create_backends(config: AgentConfig) -> list[Backend]:
     backends: list[Backend] = []
     for spec in config.backends:
         factory = load_backend_factory(spec.name)
-        backends.extend(factory(BackendOptions(config.node_name, spec.driver_name, dict(spec.settings))))
+        settings = dict(spec.settings)
+        excluded = parse_exclusions(settings.pop(EXCLUDE_SETTING, ""))
+        options = BackendOptions(config.node_name, spec.driver_name, settings, state_dir=config.state_dir)
+        backends.extend(exclude_devices(backend, excluded) for backend in factory(options))
     seen: set[str] = set()
     for backend in backends:
         if backend.driver_name in seen:

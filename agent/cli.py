@@ -22,6 +22,7 @@ from agent.config import OPTIONS, AgentConfig, build_config
 from agent.core.errors import AgentError, ConfigError
 from agent.core.logs import setup_logging
 from agent.core.model import Device
+from agent.explain import command as explain_command
 from agent.kube.slices import attribute_to_api
 
 COMMAND_GROUP = "dra_agent.commands"
@@ -67,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--kube-version", default="1.34", help="Kubernetes version the emulator plays")
     demo.add_argument("--taint-hold", type=float, default=2.0, help="seconds before a taint is lifted")
     demo.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    explain = sub.add_parser("explain", help="why a ResourceClaim gets (or not) this node's devices")
+    _add_config_flags(explain, only=explain_command.CONFIG_FIELDS)
+    explain_command.add_arguments(explain)
     sub.add_parser("version", help="print the version")
     for ep in entry_points(group=COMMAND_GROUP):
         register = ep.load()

@@ -23,12 +23,17 @@ from agent.config import AgentConfig
 from agent.core.backend import Backend
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import KubeApiError
+from agent.core.exclusion import ExcludingBackend
 from agent.health.taints import ClusterTaintSupport, TaintPolicy
 from agent.kube.client import KubeClient
 from agent.kube.events import EventRecorder
+from agent.kube.pool import build_pool
 from agent.kube.publisher import SlicePublisher
-from agent.kube.slices import build_pool
+from agent.kubelet.deviceplugins import device_plugins_dir, report_device_plugins
 from agent.kubelet.plugin import KubeletPlugin
+from agent.kubelet.podresources import PodResourcesClient, default_socket
+from agent.kubelet.workloads import WorkloadAttribution
+from agent.observe.allocations import AllocationSeries
 from agent.observe.httpserver import MetricsServer
 from agent.observe.metrics import Metrics
 from agent.observe.readiness import Readiness
@@ -72,10 +77,20 @@ class AgentParts:
         self.plugins: dict[str, KubeletPlugin] = {}
         self.states: dict[str, DeviceState] = {}
         self.metrics_port: int | None = None
+        self.workloads: WorkloadAttribution | None = None
         self.events = EventRecorder(kube, config.node_name, clock=clock, metrics=metrics) if kube else None
 
     def __call__(self, agent: Agent) -> Sequence[Part]:
         parts = [Part("metrics-server", self._serve_metrics)]
+        if self.config.serve_kubelet:
+            self.workloads = WorkloadAttribution(
+                AllocationSeries(self.metrics),
+                node_name=self.config.node_name,
+                inventories={d: r.inventory for d, r in agent.drivers.items()},
+                claims=self.kube,
+                pod_resources=PodResourcesClient(default_socket(self.config.plugins_dir)),
+            )
+            parts.append(Part("workloads", self.workloads.run))
         for runtime in agent.drivers.values():
             parts.extend(self.driver_parts(runtime))
         if self.kube is None:
@@ -130,6 +145,7 @@ class AgentParts:
             events=self.events,
             clock=self.clock,
             lock_path=plugin_dir / "serialize.lock" if config.pod_uid else None,
+            listener=self.workloads,
         )
 
     async def _serve_kubelet(self, runtime: DriverRuntime) -> None:
@@ -139,6 +155,13 @@ class AgentParts:
         state = self._state(runtime.backend)
         self.states[driver] = state
         await state.start()
+        await report_device_plugins(
+            driver,
+            device_plugins_dir(config.plugins_dir),
+            self.metrics,
+            self.events,
+            excluding=isinstance(runtime.backend, ExcludingBackend),
+        )
 
         def registered(ok: bool, detail: str = "") -> None:
             self.readiness.set(check, ok, detail)
@@ -174,12 +197,14 @@ class AgentParts:
         while True:
             version = await runtime.inventory.wait_changed(version)
             devices = runtime.inventory.devices()
+            # Exactly what the publisher would create on an up-to-date cluster; the Node's uid is unknown.
             slices = build_pool(
                 driver=runtime.driver,
                 node_name=self.config.node_name,
-                node_uid="",
+                node_uid=f"<uid of Node {self.config.node_name}>",
                 devices=devices,
                 taints=self.policy.taint_map(devices, support),
+                support=support,
             )
             document = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": slices}, sort_keys=False)
             self.out.write("---\n" + document)

@@ -142,7 +142,7 @@ def nvidia_backend(root: Path, nvml: FakeNvml) -> NvidiaBackend:
     for node in ("nvidia0", "nvidiactl"):  # the device nodes the driver would have created
         (dev / node).touch()
     return NvidiaBackend(
-        BackendOptions(NODE, None, {"health-wait-ms": "20"}),
+        BackendOptions(NODE, None, {"health-wait-ms": "20", "host-root": str(root / "host")}),
         nvml_module=nvml.module,
         clock=SystemClock(),
         sysfs_root=build_sysfs(root / "sys", {"0000:18:00.0": "pci0000:10"}),

@@ -235,9 +235,9 @@ def test_bad_policy_files_name_file_field_and_value(
 
 
 def test_unreadable_or_invalid_yaml(tmp_path: Path) -> None:
-    with pytest.raises(TaintPolicyError, match="for --taint-policy: expected a readable YAML file"):
+    with pytest.raises(TaintPolicyError, match="expected a readable YAML file; it is unreadable"):
         TaintPolicy.load(tmp_path / "missing.yaml")
-    with pytest.raises(TaintPolicyError, match="expected valid YAML"):
+    with pytest.raises(TaintPolicyError, match="expected a YAML file; it is not valid YAML at line 2"):
         TaintPolicy.load(write(tmp_path, "rules: [\n"))
 
 

@@ -4,10 +4,15 @@ Kind ``k8s.<driver>/claim``, file ``k8s.<driver>-claim_<claimUID>.yaml`` (YAML s
 device names ``<claimUID>-<device>[-<shareID>]`` (a claim UID is never reused, so runtimes that
 cache specs never hit a stale entry). ``cdiVersion`` is the lowest version the content needs, as
 the CDI library's ``MinimumRequiredVersion`` chooses it. Writes are atomic (`agent.claims.atomicfile`).
+
+Each spec carries its claim's checkpoint entry as a one-line JSON comment (`RECORD_PREFIX`): a
+comment, because runtimes ignore it and it raises no ``cdiVersion``; the entry, so that a corrupt
+checkpoint can be rebuilt from the specs that survive (`agent.claims.recovery`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +21,14 @@ from typing import Any
 import yaml
 
 from agent.claims.atomicfile import TEMP_SUFFIX, remove_durably, write_atomic
-from agent.core.backend import ContainerEdits
+from agent.core.backend import ContainerEdits, Hook
+from agent.core.boundedfile import MIB, parse_json, read_text
 
 CDI_CLASS = "claim"
 EMPTY_EDITS_ENV = "DRA_CLAIM_DEVICE"
+RECORD_PREFIX = "# dra-agent claim: "
+MAX_SPEC_BYTES = 4 * MIB
+"""A claim has at most 32 devices: its spec is a few KiB even with every driver library mounted."""
 
 # The C dumper is several times faster; fall back where libyaml is missing.
 _Dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -97,7 +106,18 @@ def _device_edits(edits: ContainerEdits, env: Mapping[str, str]) -> dict[str, An
             {"hostPath": m.host_path, "containerPath": m.container_path, "options": list(m.options)}
             for m in edits.mounts
         ]
+    if edits.hooks:
+        out["hooks"] = [_hook(h) for h in edits.hooks]
     return out
+
+
+def _hook(hook: Hook) -> dict[str, Any]:
+    entry: dict[str, Any] = {"hookName": hook.hook_name, "path": hook.path}
+    if hook.args:
+        entry["args"] = list(hook.args)
+    if hook.env:
+        entry["env"] = list(hook.env)
+    return entry
 
 
 def build_claim_spec(driver: str, devices: Sequence[CdiDevice]) -> dict[str, Any]:
@@ -144,10 +164,13 @@ def minimum_version(spec: Mapping[str, Any]) -> str:
     return "0.3.0"
 
 
-def render_spec(spec: Mapping[str, Any]) -> bytes:
-    """YAML as the CDI library writes it: a document starting with ``---``."""
+def render_spec(spec: Mapping[str, Any], record: Mapping[str, Any] | None = None) -> bytes:
+    """YAML as the CDI library writes it: a document starting with ``---``, then the record comment."""
+    header = "---\n"
+    if record is not None:
+        header += RECORD_PREFIX + json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n"
     body = yaml.dump(dict(spec), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
-    return ("---\n" + body).encode()
+    return (header + body).encode()
 
 
 class CdiSpecWriter:
@@ -162,12 +185,26 @@ class CdiSpecWriter:
         """Where the claim's spec lives."""
         return self.root / spec_file_name(self.driver, claim_uid)
 
-    def write_claim_spec(self, claim_uid: str, devices: Sequence[CdiDevice]) -> Path:
+    def write_claim_spec(
+        self, claim_uid: str, devices: Sequence[CdiDevice], record: Mapping[str, Any] | None = None
+    ) -> Path:
         """Write (or replace) the claim's spec atomically; raises OSError with the temp file removed."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.spec_path(claim_uid)
-        write_atomic(path, render_spec(build_claim_spec(self.driver, devices)))
+        write_atomic(path, render_spec(build_claim_spec(self.driver, devices), record))
         return path
+
+    def read_claim_record(self, claim_uid: str) -> object:
+        """The record comment of the claim's spec (parsed JSON), None when it has none.
+
+        Raises `agent.core.boundedfile.BoundedFileError` (unreadable, too large, not UTF-8, bad JSON).
+        """
+        path = self.spec_path(claim_uid)
+        text = read_text(path, max_bytes=MAX_SPEC_BYTES, what="CDI spec")
+        for line in text.splitlines():
+            if line.startswith(RECORD_PREFIX):
+                return parse_json(line[len(RECORD_PREFIX) :], path, what="claim record comment")
+        return None
 
     def remove_claim_spec(self, claim_uid: str) -> bool:
         """Delete the claim's spec; False when there was none."""

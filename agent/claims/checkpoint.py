@@ -3,9 +3,11 @@
 The file holds a format version, the node's boot ID and the entries per claim UID, with a
 sha256 checksum over the canonical JSON of boot ID and entries. Each claim moves
 ``PrepareStarted`` (written before the backend or CDI is touched) -> ``PrepareCompleted``. A
-file that cannot be read, parsed or verified is moved aside and the agent starts from an empty
-checkpoint (never a crash loop). Writes are atomic and coalesced: concurrent changes share one
-write (group commit), so 100 claims prepared at once do not mean 200 fsyncs.
+file that cannot be read, parsed (within `MAX_CHECKPOINT_BYTES` and the depth limit of
+`agent.core.boundedfile`) or verified is moved aside under a name of its own and the agent
+rebuilds the entries from the CDI specs (never a crash loop, see `agent.claims.recovery`).
+Writes are atomic and coalesced: concurrent changes share one write (group commit), so 100
+claims prepared at once do not mean 200 fsyncs.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import anyio
 import anyio.to_thread
 
 from agent.claims.atomicfile import TEMP_SUFFIX, write_atomic
+from agent.core.boundedfile import MIB, BoundedFileError, decode_utf8, parse_json, read_bytes
 from agent.core.errors import AgentError
 from agent.core.logs import log_fields
 
@@ -32,6 +35,8 @@ log = logging.getLogger("agent.claims.checkpoint")
 FORMAT_VERSION = 1
 CHECKPOINT_FILE = "checkpoint.json"
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+MAX_CHECKPOINT_BYTES = 64 * MIB
+"""About 40,000 claims of 32 devices: far above what a node runs, far below what hurts memory."""
 
 
 class ClaimPhase(enum.Enum):
@@ -83,7 +88,8 @@ class CheckpointWriteError(AgentError):
     """The checkpoint could not be written; the previous file is intact."""
 
 
-def _entry_json(entry: ClaimEntry) -> dict[str, Any]:
+def entry_json(entry: ClaimEntry) -> dict[str, Any]:
+    """The JSON form of an entry (without its UID, the key it is stored under)."""
     return {
         "namespace": entry.namespace,
         "name": entry.name,
@@ -108,7 +114,7 @@ def _checksum(boot_id: str, entries: Mapping[str, Any]) -> str:
 
 def encode(data: CheckpointData) -> bytes:
     """The file content for `data`."""
-    entries = {uid: _entry_json(e) for uid, e in sorted(data.entries.items())}
+    entries = {uid: entry_json(e) for uid, e in sorted(data.entries.items())}
     doc = {
         "version": FORMAT_VERSION,
         "bootID": data.boot_id,
@@ -125,7 +131,8 @@ def _strs(value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _entry_from_json(uid: str, raw: Mapping[str, Any]) -> ClaimEntry:
+def entry_from_json(uid: str, raw: Mapping[str, Any]) -> ClaimEntry:
+    """The entry of `uid` from its JSON form; raises KeyError, TypeError, ValueError or AttributeError."""
     devices = tuple(
         CheckpointDevice(
             pool=str(d["pool"]),
@@ -145,12 +152,12 @@ def _entry_from_json(uid: str, raw: Mapping[str, Any]) -> ClaimEntry:
     )
 
 
-def decode(raw: bytes) -> CheckpointData:
+def decode(raw: bytes, path: Path | str = CHECKPOINT_FILE) -> CheckpointData:
     """Parse and verify file content; raises `CheckpointCorruptError` with the reason."""
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointCorruptError(f"not valid JSON: {error}", "invalid_json") from error
+        doc = parse_json(decode_utf8(path, raw, what="checkpoint"), path, what="checkpoint")
+    except BoundedFileError as error:
+        raise CheckpointCorruptError(error.problem, "invalid_json") from None
     if not isinstance(doc, dict):
         raise CheckpointCorruptError("not a JSON object", "invalid_json")
     version = doc.get("version")
@@ -167,7 +174,7 @@ def decode(raw: bytes) -> CheckpointData:
     if doc.get("checksum") != _checksum(boot_id, entries):
         raise CheckpointCorruptError("checksum mismatch (the file was changed or torn)", "checksum_mismatch")
     try:
-        parsed = {uid: _entry_from_json(uid, e) for uid, e in entries.items()}
+        parsed = {uid: entry_from_json(uid, e) for uid, e in entries.items()}
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CheckpointCorruptError(f"malformed entry: {error!r}", "invalid_schema") from error
     return CheckpointData(boot_id=boot_id, entries=parsed)
@@ -192,22 +199,20 @@ class LoadOutcome:
 
 
 def load_checkpoint(path: Path, now: float | None = None) -> LoadOutcome:
-    """Read the checkpoint; a bad file is renamed ``<name>.corrupt-<unix ts>`` (blocking)."""
+    """Read the checkpoint; a bad file is renamed ``<name>.corrupt-<unix ts>[-<n>]`` (blocking)."""
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return LoadOutcome(data=None)
-    except OSError as error:
-        problem = CheckpointCorruptError(f"cannot read {path}: {error.strerror}", "unreadable")
+        raw = read_bytes(path, max_bytes=MAX_CHECKPOINT_BYTES, what="checkpoint")
+    except BoundedFileError as error:
+        if not path.exists():
+            return LoadOutcome(data=None)
+        problem = CheckpointCorruptError(f"cannot use {path}: {error.problem}", "unreadable")
     else:
         try:
-            return LoadOutcome(data=decode(raw))
+            return LoadOutcome(data=decode(raw, path))
         except CheckpointCorruptError as error:
             problem = error
-    stamp = int(now if now is not None else time.time())
-    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
     try:
-        path.replace(aside)
+        aside = _quarantine(path, int(now if now is not None else time.time()))
     except OSError as error:
         log.error(
             "cannot move the corrupt checkpoint aside; it will be overwritten",
@@ -215,6 +220,18 @@ def load_checkpoint(path: Path, now: float | None = None) -> LoadOutcome:
         )
         return LoadOutcome(data=None, problem=problem)
     return LoadOutcome(data=None, problem=problem, moved_to=aside)
+
+
+def _quarantine(path: Path, stamp: int) -> Path:
+    """Rename `path` to a ``.corrupt-<stamp>`` name no earlier quarantine holds (the first free ``-<n>``)."""
+    base = f"{path.name}.corrupt-{stamp}"
+    aside = path.with_name(base)
+    n = 0
+    while aside.exists() or aside.is_symlink():
+        n += 1
+        aside = path.with_name(f"{base}-{n}")
+    path.replace(aside)
+    return aside
 
 
 def remove_temp_files(state_dir: Path) -> None:

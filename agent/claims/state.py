@@ -4,7 +4,10 @@ Prepare: GET every claim concurrently (before any lock), check it, then per clai
 lock: checkpoint ``PrepareStarted`` -> backend prepare of each device -> one CDI spec -> checkpoint
 ``PrepareCompleted``. Any failure rolls back what was done for that claim. Unprepare reverses it.
 `start` repairs the checkpoint and reconciles it with the CDI files and the API server so that,
-after any crash, no CDI spec exists without an entry and no completed entry lacks its spec.
+after any crash, no CDI spec exists without an entry and no completed entry lacks its spec. A
+corrupt checkpoint is rebuilt from the specs (`agent.claims.recovery`), whose claims the kubelet
+still believes prepared. A spec is deleted only once the checkpoint no longer holds its claim,
+and a prepare answered from the checkpoint first checks that the spec is still there.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from agent.claims.checkpoint import (
     CheckpointWriteError,
     ClaimEntry,
     ClaimPhase,
+    entry_json,
     load_checkpoint,
     read_boot_id,
     remove_temp_files,
@@ -36,6 +40,7 @@ from agent.claims.checkpoint import (
 from agent.claims.filelock import FileLock
 from agent.claims.preparer import ClaimSource, PreparedDevice, PrepareResult
 from agent.claims.reader import ClaimAllocationError, check_claim, claim_key, parse_allocation
+from agent.claims.recovery import rebuild_from_specs
 from agent.core.backend import Backend, ClaimRef, ContainerEdits
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ClaimRequestError, DeviceNotFoundError, KubeApiError
@@ -60,8 +65,8 @@ class Step(enum.Enum):
     PREPARE_AFTER_PREPARE_COMPLETED = "prepare-after-prepare-completed"
     UNPREPARE_BEFORE_BACKEND_UNPREPARE = "unprepare-before-backend-unprepare"
     UNPREPARE_AFTER_BACKEND_UNPREPARE = "unprepare-after-backend-unprepare"
-    UNPREPARE_AFTER_CDI_REMOVE = "unprepare-after-cdi-remove"
     UNPREPARE_AFTER_CHECKPOINT_REMOVE = "unprepare-after-checkpoint-remove"
+    UNPREPARE_AFTER_CDI_REMOVE = "unprepare-after-cdi-remove"
 
 
 class StepHook(Protocol):
@@ -74,6 +79,12 @@ class EventRecorder(Protocol):
     """Records a Kubernetes Event about the agent (reason, message, ``Normal``/``Warning``)."""
 
     async def record(self, reason: str, message: str, type: str) -> object: ...
+
+
+class PreparedListener(Protocol):
+    """Told the prepared claims (claim -> device names) after prepare, unprepare and the start-up load."""
+
+    def prepared_changed(self, driver: str, prepared: Mapping[ClaimRef, tuple[str, ...]]) -> None: ...
 
 
 class _ClaimFailure(Exception):
@@ -122,6 +133,7 @@ class DeviceState:
         boot_id: str | None = None,
         boot_id_path: Path = BOOT_ID_PATH,
         hooks: StepHook | None = None,
+        listener: PreparedListener | None = None,
     ) -> None:
         self.driver = driver
         self.backend = backend
@@ -133,10 +145,13 @@ class DeviceState:
         self.events = events
         self.clock = clock or SystemClock()
         self.hooks = hooks
+        self.listener = listener
         self._boot_id = boot_id if boot_id is not None else read_boot_id(boot_id_path)
         self.store = CheckpointStore(state_dir / CHECKPOINT_FILE, self._boot_id)
         self._file_lock = FileLock(lock_path, clock=self.clock) if lock_path is not None else None
         self._claim_locks: dict[str, tuple[anyio.Lock, int]] = {}
+        self._released: set[str] = set()
+        """Claims whose unprepare released the backend but could not drop the entry."""
 
     # ----------------------------------------------------------------- public interface
 
@@ -145,9 +160,9 @@ class DeviceState:
         async with self._serialized(reload=False):
             await anyio.to_thread.run_sync(self._prepare_dirs)
             outcome = await anyio.to_thread.run_sync(load_checkpoint, self.store.path, self.clock.time())
-            if outcome.problem is not None:
-                await self._report_recovery(outcome.problem.reason, str(outcome.problem), outcome.moved_to)
             entries = outcome.data.entries if outcome.data is not None else {}
+            if outcome.problem is not None:
+                entries = await self._rebuild(outcome.problem.reason, str(outcome.problem), outcome.moved_to)
             self.store.load(entries)
             boot_changed = outcome.data is not None and outcome.data.boot_id != self._boot_id
             if boot_changed:
@@ -155,7 +170,8 @@ class DeviceState:
                     "node rebooted since the checkpoint was written; rewriting CDI specs",
                     extra=log_fields(driver=self.driver, claims=len(entries)),
                 )
-            await self._reconcile(boot_changed)
+            # Rebuilt entries get their specs rewritten too: the boot they were written in is unknown.
+            await self._reconcile(boot_changed, rebuilt=outcome.problem is not None)
             try:
                 await self.store.flush()
             except CheckpointWriteError as error:
@@ -254,6 +270,16 @@ class DeviceState:
         async with self._claim_lock(ref.uid):
             existing = self.store.get(ref.uid)
             if existing is not None and existing.phase is ClaimPhase.COMPLETED:
+                # Never answer CDI IDs that do not resolve: the spec may be gone (a CDI root cleaned
+                # behind our back) or the backend released (an unprepare that could not drop the entry).
+                if ref.uid in self._released or not await anyio.to_thread.run_sync(
+                    self.cdi.has_claim_spec, ref.uid
+                ):
+                    log.warning(
+                        "prepared claim lost its CDI spec or backend state; preparing it again",
+                        extra=log_fields(driver=self.driver, claim=claim_key(ref), uid=ref.uid),
+                    )
+                    existing = await self._refresh(ref, existing)
                 return self._result(existing)
             self._step(Step.PREPARE_BEFORE_CHECKPOINT_START, ref.uid)
             entry = ClaimEntry(
@@ -287,14 +313,25 @@ class DeviceState:
         """Backend prepare, CDI spec, checkpoint completed; raises `_ClaimFailure` (caller rolls back)."""
         edits = await self._backend_prepare(ref, entry.devices)
         self._step(Step.PREPARE_AFTER_BACKEND_PREPARE, ref.uid)
-        devices = await self._write_spec(ref, entry.devices, edits)
+        completed = await self._write_spec(ref, entry, edits)
         self._step(Step.PREPARE_AFTER_CDI_WRITE, ref.uid)
-        completed = replace(entry, phase=ClaimPhase.COMPLETED, devices=devices)
+        await self._put(ref, completed)
+        return completed
+
+    async def _refresh(self, ref: ClaimRef, entry: ClaimEntry) -> ClaimEntry:
+        """Redo a completed claim's backend prepare (idempotent) and spec; raises `_ClaimFailure`."""
+        edits = await self._backend_prepare(ref, entry.devices)
+        completed = await self._write_spec(ref, entry, edits)
+        if completed != entry:
+            await self._put(ref, completed)
+        self._released.discard(ref.uid)
+        return completed
+
+    async def _put(self, ref: ClaimRef, entry: ClaimEntry) -> None:
         try:
-            await self.store.put(completed)
+            await self.store.put(entry)
         except CheckpointWriteError as error:
             raise _ClaimFailure(f"prepare claim {claim_key(ref)}: {error}", "checkpoint") from error
-        return completed
 
     async def _backend_prepare(
         self, ref: ClaimRef, devices: Sequence[CheckpointDevice]
@@ -316,25 +353,31 @@ class DeviceState:
         return edits
 
     async def _write_spec(
-        self, ref: ClaimRef, devices: Sequence[CheckpointDevice], edits: Sequence[ContainerEdits]
-    ) -> tuple[CheckpointDevice, ...]:
-        """Write the claim's CDI spec; the devices with their CDI IDs."""
+        self, ref: ClaimRef, entry: ClaimEntry, edits: Sequence[ContainerEdits]
+    ) -> ClaimEntry:
+        """Write the claim's CDI spec, recording in it the completed entry (with CDI IDs) returned."""
         cdi_devices = [
             CdiDevice(cdi_device_name(ref.uid, d.device, d.share_id), e)
-            for d, e in zip(devices, edits, strict=True)
+            for d, e in zip(entry.devices, edits, strict=True)
         ]
+        completed = replace(
+            entry,
+            phase=ClaimPhase.COMPLETED,
+            devices=tuple(
+                replace(d, cdi_device_ids=(qualified_device_id(self.driver, c.name), *e.cdi_device_ids))
+                for d, c, e in zip(entry.devices, cdi_devices, edits, strict=True)
+            ),
+        )
+        record = {"uid": ref.uid, **entry_json(completed)}
         try:
-            await anyio.to_thread.run_sync(self.cdi.write_claim_spec, ref.uid, cdi_devices)
+            await anyio.to_thread.run_sync(self.cdi.write_claim_spec, ref.uid, cdi_devices, record)
         except OSError as error:
             raise _ClaimFailure(
                 f"prepare claim {claim_key(ref)}: cannot write CDI spec {self.cdi.spec_path(ref.uid)}: "
                 f"{error.strerror or error}; check free space and permissions of the CDI root",
                 "cdi",
             ) from error
-        return tuple(
-            replace(d, cdi_device_ids=(qualified_device_id(self.driver, c.name), *e.cdi_device_ids))
-            for d, c, e in zip(devices, cdi_devices, edits, strict=True)
-        )
+        return completed
 
     async def _rollback(self, ref: ClaimRef, entry: ClaimEntry) -> None:
         """Undo a partial prepare: backend, CDI spec, checkpoint entry (best effort, shielded)."""
@@ -429,18 +472,22 @@ class DeviceState:
                     ) from error
             self._step(Step.UNPREPARE_AFTER_BACKEND_UNPREPARE, ref.uid)
             try:
+                await self.store.remove(ref.uid)
+            except CheckpointWriteError as error:
+                # The entry and its spec stay (the kubelet retries); a prepare meanwhile redoes the backend.
+                self._released.add(ref.uid)
+                raise _ClaimFailure(f"unprepare claim {claim_key(ref)}: {error}", "checkpoint") from error
+            self._released.discard(ref.uid)
+            self._step(Step.UNPREPARE_AFTER_CHECKPOINT_REMOVE, ref.uid)
+            try:
                 await anyio.to_thread.run_sync(self.cdi.remove_claim_spec, ref.uid)
             except OSError as error:
+                # No entry owns the spec now: the kubelet's retry (an unknown claim) removes it.
                 raise _ClaimFailure(
                     f"unprepare claim {claim_key(ref)}: cannot remove CDI spec: {error.strerror or error}",
                     "cdi",
                 ) from error
             self._step(Step.UNPREPARE_AFTER_CDI_REMOVE, ref.uid)
-            try:
-                await self.store.remove(ref.uid)
-            except CheckpointWriteError as error:
-                raise _ClaimFailure(f"unprepare claim {claim_key(ref)}: {error}", "checkpoint") from error
-            self._step(Step.UNPREPARE_AFTER_CHECKPOINT_REMOVE, ref.uid)
 
     # ----------------------------------------------------------------- start-up reconcile
 
@@ -449,12 +496,29 @@ class DeviceState:
         remove_temp_files(self.state_dir)
         self.cdi.remove_temp_files()
 
+    async def _rebuild(self, reason: str, problem: str, moved_to: Path | None) -> dict[str, ClaimEntry]:
+        """Entries from the surviving CDI specs of a corrupt checkpoint, reported as a recovery."""
+        rebuilt = await anyio.to_thread.run_sync(rebuild_from_specs, self.cdi)
+        for uid, why in rebuilt.unusable.items():
+            log.error(
+                "cannot rebuild a claim from its CDI spec; the spec will be removed",
+                extra=log_fields(driver=self.driver, uid=uid, error=why),
+            )
+        outcome = f"from the CDI specs of {len(rebuilt.entries)} prepared claim(s)"
+        if rebuilt.unusable:
+            outcome += (
+                f"; {len(rebuilt.unusable)} spec(s) without a usable claim record are removed, "
+                "their pods may need a restart"
+            )
+        await self._report_recovery(reason, problem, moved_to, rebuilt=outcome)
+        return rebuilt.entries
+
     async def _report_recovery(
-        self, reason: str, problem: str, moved_to: Path | None, *, rebuilt: str = "empty"
+        self, reason: str, problem: str, moved_to: Path | None, *, rebuilt: str
     ) -> None:
         message = (
             f"checkpoint {self.store.path} was unusable ({problem}); moved aside to {moved_to} "
-            f"and rebuilt {rebuilt}: claims prepared before may need their pods restarted"
+            f"and rebuilt {rebuilt}"
         )
         log.error("checkpoint recovered", extra=log_fields(driver=self.driver, reason=reason, detail=message))
         if self.metrics is not None:
@@ -484,7 +548,7 @@ class DeviceState:
         metadata = claim.get("metadata") or {}
         return _Lookup(exists=str(metadata.get("uid", "")) == entry.uid)
 
-    async def _reconcile(self, boot_changed: bool) -> None:
+    async def _reconcile(self, boot_changed: bool, *, rebuilt: bool = False) -> None:
         entries = self.store.entries()
         lookups: dict[str, _Lookup] = {}
 
@@ -508,7 +572,16 @@ class DeviceState:
                     "unpreparing a claim deleted while the agent was down", extra=log_fields(uid=entry.uid)
                 )
                 await self._undo(ref, entry, reason="claim deleted")
-            elif boot_changed or not await anyio.to_thread.run_sync(self.cdi.has_claim_spec, entry.uid):
+            elif (
+                boot_changed
+                or rebuilt
+                or not await anyio.to_thread.run_sync(self.cdi.has_claim_spec, entry.uid)
+            ):
+                if rebuilt and lookups[entry.uid].exists is None:
+                    log.warning(
+                        "keeping a claim rebuilt from its CDI spec unverified: the API server did not answer",
+                        extra=log_fields(uid=entry.uid, claim=f"{entry.namespace}/{entry.name}"),
+                    )
                 await self._restore_spec(ref, entry)
         owned = set(self.store.entries())
         for uid in await anyio.to_thread.run_sync(self.cdi.claim_spec_uids):
@@ -522,12 +595,9 @@ class DeviceState:
     async def _restore_spec(self, ref: ClaimRef, entry: ClaimEntry) -> None:
         """Re-run backend prepare (idempotent) and rewrite a completed claim's lost CDI spec."""
         try:
-            edits = await self._backend_prepare(ref, entry.devices)
-            devices = await self._write_spec(ref, entry.devices, edits)
-            if devices != entry.devices:
-                await self.store.put(replace(entry, devices=devices))
+            await self._refresh(ref, entry)
             log.info("rewrote the CDI spec of a prepared claim", extra=log_fields(uid=entry.uid))
-        except (_ClaimFailure, CheckpointWriteError) as error:
+        except _ClaimFailure as error:
             # A completed entry without its spec breaks the invariant: drop the claim instead.
             log.error(
                 "cannot restore a prepared claim; unpreparing it",
@@ -602,8 +672,21 @@ class DeviceState:
             self.metrics.claim_errors.labels(self.driver, operation, reason).inc()
 
     def _update_gauges(self) -> None:
+        self._notify()
         if self.metrics is None:
             return
         prepared = self.prepared_claims()
         self.metrics.prepared_claims.labels(self.driver).set(len(prepared))
         self.metrics.prepared_devices.labels(self.driver).set(sum(len(e.devices) for e in prepared.values()))
+
+    def _notify(self) -> None:
+        if self.listener is None:
+            return
+        prepared = {
+            ClaimRef(e.namespace, e.name, uid): tuple(d.device for d in e.devices)
+            for uid, e in self.prepared_claims().items()
+        }
+        try:
+            self.listener.prepared_changed(self.driver, prepared)
+        except Exception as error:  # metrics must never fail a prepare
+            log.warning("prepared-claims listener failed", extra=log_fields(error=repr(error)))

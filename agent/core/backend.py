@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from agent.core.errors import BackendNotFoundError
@@ -85,6 +86,16 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class Hook:
+    """An OCI hook the runtime runs for the container (CDI ``hooks``); `path` is a host path."""
+
+    hook_name: str
+    path: str
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ContainerEdits:
     """What a container needs to use one prepared device.
 
@@ -99,6 +110,7 @@ class ContainerEdits:
     mounts: tuple[Mount, ...] = ()
     cdi_device_ids: tuple[str, ...] = ()
     list_env: frozenset[str] = frozenset()
+    hooks: tuple[Hook, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -180,11 +192,16 @@ def declared_conditions(backend: Backend) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class BackendOptions:
-    """What a backend factory gets: the node, an optional driver name and its own settings."""
+    """What a backend factory gets: the node, an optional driver name and its own settings.
+
+    `state_dir` is the agent's state directory, a host path (the chart mounts it at the same
+    path): a backend may keep files there that containers bind-mount. None: no such files.
+    """
 
     node_name: str
     driver_name: str | None = None
     settings: Mapping[str, str] = field(default_factory=dict)
+    state_dir: Path | None = None
 
 
 class BackendFactory(Protocol):

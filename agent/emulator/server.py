@@ -499,6 +499,8 @@ class KubeApiEmulator:
         self.requests[(verb, label)] += 1
         if verb in _WRITE_VERBS:
             self.writes[(verb, label)] += 1
+        if self.faults.slow.get(plural, 0.0) > 0:
+            await anyio.sleep(self.faults.slow[plural])
         injected = self.faults.take(verb, label)
         if injected is not None:
             raise injected

@@ -37,8 +37,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
+from agent.core.boundedfile import MIB, BoundedFileError, load_yaml
 from agent.core.errors import ConfigError
 from agent.core.model import Device, HealthCondition, Severity, is_dns_subdomain
 
@@ -54,6 +53,8 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _BAD_NAME_CHARS = re.compile(r"[^-A-Za-z0-9_.]+")
 MAX_LABEL_LENGTH = 63
 MAX_PREFIX_LENGTH = 253
+MAX_POLICY_BYTES = 1 * MIB
+"""A policy of thousands of rules fits in a few hundred KiB."""
 
 DEFAULT_SEVERITY_EFFECTS: Mapping[Severity, str | None] = MappingProxyType(
     {Severity.CRITICAL: EFFECT_NO_SCHEDULE, Severity.WARNING: EFFECT_NO_SCHEDULE, Severity.INFO: EFFECT_NONE}
@@ -157,14 +158,9 @@ class TaintPolicy:
         """Read a policy file; raise `TaintPolicyError` naming the file, field and value."""
         source = str(path)
         try:
-            data = yaml.safe_load(Path(path).read_text())
-        except OSError as error:
-            raise TaintPolicyError(
-                "--taint-policy", source, f"a readable YAML file ({error.strerror})"
-            ) from None
-        except yaml.YAMLError as error:
-            problem = getattr(error, "problem", None) or "invalid YAML"
-            raise TaintPolicyError("--taint-policy", source, f"valid YAML ({problem})") from None
+            data = load_yaml(path, max_bytes=MAX_POLICY_BYTES, what="YAML file")
+        except BoundedFileError as error:
+            raise TaintPolicyError("--taint-policy", source, error.detail) from None
         return cls.from_data(data, source)
 
     @classmethod

@@ -1,4 +1,4 @@
-"""The agent's Kubernetes API client: discovery, ResourceSlices, claims, events, DeviceTaintRules.
+"""The agent's Kubernetes API client: discovery, ResourceSlices, claims, events.
 
 Built on kubernetes-asyncio's `ApiClient` for configuration and authentication, but requests
 and answers are plain JSON dicts (``call_api(..., _preload_content=False)``): the resource.k8s.io
@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import anyio
+import anyio.to_thread
 
-from agent.core.errors import KubeApiError
+from agent.core.boundedfile import MIB, BoundedFileError, load_yaml
+from agent.core.errors import ConfigError, KubeApiError
 from agent.core.logs import log_fields
 from agent.health.taints import ClusterTaintSupport
 
@@ -40,6 +43,8 @@ _EXACT_REQUEST_FIELDS = (
     "adminAccess",
     "tolerations",
 )
+MAX_KUBECONFIG_BYTES = 16 * MIB
+"""Far above a kubeconfig with many clusters and embedded certificates."""
 _NO_DRA_HELP = (
     "the API server does not serve resource.k8s.io ResourceSlices (Dynamic Resource Allocation is off). "
     "Kubernetes 1.34+ enables it by default; on 1.32/1.33 start kube-apiserver, kube-controller-manager, "
@@ -107,6 +112,28 @@ def claim_to_v1(claim: Mapping[str, Any]) -> dict[str, Any]:
     return dict(out)
 
 
+def check_kubeconfig(kubeconfig: Path | str | None) -> None:
+    """Refuse a kubeconfig file the library would fail on with a traceback (blocking).
+
+    Each file the library would read (``KUBECONFIG`` may join several with ``:``, default
+    ``~/.kube/config``) must be bounded UTF-8 YAML holding a mapping; a missing file is left to the
+    library's error.
+    """
+    names = str(kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)
+    for name in filter(None, names):
+        path = Path(name).expanduser()
+        if not path.exists():
+            continue
+        try:
+            data = load_yaml(path, max_bytes=MAX_KUBECONFIG_BYTES, what="kubeconfig YAML file")
+        except BoundedFileError as error:
+            raise ConfigError("--kubeconfig", name, error.detail) from None
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(
+                "--kubeconfig", name, "a kubeconfig YAML file: a mapping of clusters, users, contexts"
+            )
+
+
 class KubeClient:
     """Raw-JSON access to the parts of the Kubernetes API the agent uses.
 
@@ -136,6 +163,7 @@ class KubeClient:
             if in_cluster:
                 config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
             else:
+                await anyio.to_thread.run_sync(check_kubeconfig, kubeconfig)
                 await config.load_kube_config(
                     config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg
                 )
@@ -350,6 +378,10 @@ class KubeClient:
     async def create_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request("POST", self._slices_path(), body=dict(body))
 
+    async def dry_run_create_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate and default a slice as a create would, storing nothing (``dryRun=All``)."""
+        return await self.request("POST", self._slices_path(), query=[("dryRun", "All")], body=dict(body))
+
     async def update_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Replace a slice; its ``metadata.resourceVersion`` makes a stale update fail with 409."""
         name = str(body["metadata"]["name"])
@@ -379,37 +411,6 @@ class KubeClient:
         path = f"/apis/{RESOURCE_GROUP}/{self.slice_version}/namespaces/{namespace}/resourceclaims/{name}"
         claim = await self.request("GET", path)
         return claim_to_v1(claim) if self.slice_version == "v1beta1" else claim
-
-    # ----- DeviceTaintRules ---------------------------------------------------------------
-
-    def _rules_path(self, name: str = "") -> str:
-        version = self.info.taint_rule_version
-        if version is None:
-            raise KubeApiError(
-                "the API server does not serve DeviceTaintRules (enable the DRADeviceTaintRules feature "
-                f"gate and --runtime-config={RESOURCE_GROUP}/v1alpha3=true)",
-                404,
-                "NotFound",
-            )
-        path = f"/apis/{RESOURCE_GROUP}/{version}/devicetaintrules"
-        return f"{path}/{name}" if name else path
-
-    async def list_device_taint_rules(self, label_selector: str = "") -> list[dict[str, Any]]:
-        query = [("labelSelector", label_selector)] if label_selector else []
-        data = await self.request("GET", self._rules_path(), query=query)
-        return [i for i in data.get("items", []) if isinstance(i, dict)]
-
-    async def create_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        rule = {"apiVersion": f"{RESOURCE_GROUP}/{self.info.taint_rule_version}", "kind": "DeviceTaintRule"}
-        return await self.request("POST", self._rules_path(), body={**rule, **body})
-
-    async def update_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        rule = {"apiVersion": f"{RESOURCE_GROUP}/{self.info.taint_rule_version}", "kind": "DeviceTaintRule"}
-        name = str(body["metadata"]["name"])
-        return await self.request("PUT", self._rules_path(name), body={**rule, **body})
-
-    async def delete_device_taint_rule(self, name: str, *, uid: str = "", resource_version: str = "") -> bool:
-        return await self._delete(self._rules_path(name), uid=uid, resource_version=resource_version)
 
 
 def _api_error(method: str, path: str, status: int, data: Any) -> KubeApiError:

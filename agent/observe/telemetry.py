@@ -1,7 +1,7 @@
 """Telemetry poller: reads a backend's device counters on an interval into the Prometheus gauges.
 
 The backend does its vendor calls in a worker thread, so a slow read delays only the next read,
-never a prepare call. Gauges carry ``driver, pool, device, uuid, pci_bus_id, product`` (pool =
+never a prepare call. Gauges carry ``driver, pool, device, UUID, pci_bus_id, product`` (pool =
 node name; the rest from the inventory's `Device`). A field the device cannot report (None)
 has no series rather than a stale one; series of vanished devices are removed; when a read
 fails, the driver's telemetry series are removed too (stale figures mislead more than gaps).

@@ -5,14 +5,20 @@ Settings (``--backend fake:key=value,...``):
 ``profile``
     A shipped profile (``nvidia-a100-8x``, ``amd-mi300x-8x``, ``amd-mi300x-8x-cpx``, ``mixed``)
     or the path of a profile file (see `backends.fake.profile`); default ``mixed``.
+``dynamic-mig``
+    ``true``: whole NVIDIA GPUs that can do MIG are published partitionable, as the NVIDIA
+    backend's ``dynamic-mig=true`` does (see `backends.fake.dynamicmig`); default ``false``.
 ``control``
     Path of the control socket for ``dra-agent fake ...``; default
     ``/tmp/dra-agent-fake-<node>.sock``; ``off`` disables it.
 ``prepare_fail``, ``prepare_fail_rate``, ``prepare_latency``, ``seed``
     Prepare fault injection (see `backends.fake.backend`).
-``dynamic-mig``
-    ``true``: whole NVIDIA GPUs that can do MIG are published partitionable, as the NVIDIA
-    backend's ``dynamic-mig=true`` does (see `backends.fake.dynamicmig`); default ``false``.
+``device_files``
+    Host directory of the per-claim device description files that containers mount (see
+    `backends.fake.devicefile`); default ``<state dir>/fake-devices``; ``off``: environment only.
+
+Prepared devices get environment variables and a mounted JSON file, never device nodes, so the
+specs run in a real container runtime on nodes without GPUs.
 
 A driver name given with the backend (``driver=...``) renames the driver of a one-driver profile.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 from agent.core.backend import Backend, BackendOptions
 from agent.core.clock import Clock, SystemClock
@@ -38,8 +45,10 @@ SETTINGS = (
     "prepare_fail_rate",
     "prepare_latency",
     "seed",
+    "device_files",
     "dynamic-mig",
 )
+DEVICE_FILES_DIR = "fake-devices"
 DEFAULT_PROFILE = "mixed"
 
 
@@ -74,6 +83,18 @@ def prepare_faults(settings: dict[str, str]) -> PrepareFaults:
     )
 
 
+def device_files_root(settings: dict[str, str], state_dir: Path | None) -> Path | None:
+    """Where the device description files go; None: none are written."""
+    value = settings.get("device_files", "")
+    if value == "off" or (not value and state_dir is None):
+        return None
+    if not value:
+        return Path(state_dir or ".") / DEVICE_FILES_DIR
+    if not value.startswith("/"):
+        raise ConfigError("--backend fake setting device_files", value, "an absolute directory or off")
+    return Path(value)
+
+
 def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[Backend]:
     """One `FakeBackend` per driver of the profile, sharing one fault injector and control socket."""
     settings = dict(options.settings)
@@ -90,6 +111,7 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
     dynamic = settings.get("dynamic-mig", "false").lower()
     if dynamic not in ("true", "false"):
         raise ConfigError("--backend fake setting dynamic-mig", dynamic, "true or false")
+    files = device_files_root(settings, options.state_dir)
     if options.driver_name and len(profile.drivers) != 1:
         raise ConfigError(
             "--backend fake driver",
@@ -114,6 +136,7 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
                 vendor=driver.vendor,
                 prepare_faults=faults,
                 clock=clock,
+                device_files=files / name if files is not None else None,
                 partitions=partitions,
             )
         )

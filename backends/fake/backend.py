@@ -30,6 +30,7 @@ import zlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anyio
 
@@ -37,15 +38,16 @@ from agent.core.backend import (
     ClaimRef,
     ConditionKind,
     ContainerEdits,
-    DeviceNode,
     DeviceTelemetry,
     HealthEvent,
     HealthSink,
+    Mount,
 )
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device, Severity
+from backends.fake import devicefile
 from backends.fake.dynamicmig import FakeDynamicMig
 
 log = logging.getLogger("agent.fake")
@@ -69,7 +71,6 @@ APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 UNKNOWN_CONDITION = (Severity.WARNING, ConditionKind.EVENT)
 MAX_QUEUED_EVENTS = 100_000
 _CONDITION_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_GPU_MINOR = re.compile(r"^gpu-(\d+)")
 
 
 class FaultError(BackendError):
@@ -122,10 +123,12 @@ class FakeBackend:
         vendor: str = "generic",
         prepare_faults: PrepareFaults | None = None,
         clock: Clock | None = None,
+        device_files: Path | None = None,
         partitions: FakeDynamicMig | None = None,
     ) -> None:
         self._driver = driver_name
         self._partitions = partitions
+        self._device_files = device_files
         self._devices = {d.name: d for d in devices}
         self._vendor = vendor
         self._faults = prepare_faults or PrepareFaults()
@@ -248,7 +251,20 @@ class FakeBackend:
             )
         if self._partitions is not None and device in self._partitions.placements:
             self._partitions.create(device, claim.uid)
-        edits = self._edits(found)
+        mounts: tuple[Mount, ...] = ()
+        if self._device_files is not None:
+            path = devicefile.host_path(self._device_files, claim, device)
+            document = devicefile.describe(found, self._vendor, claim)
+            try:
+                await anyio.to_thread.run_sync(devicefile.write_device_file, path, document)
+            except OSError as error:
+                raise BackendError(
+                    f"fake backend {self._driver}: cannot write the device file {path}: {error}: "
+                    "check the agent's state directory, or set the fake backend's device_files "
+                    "to a writable host directory (or off)"
+                ) from error
+            mounts = (Mount(str(path), devicefile.container_path(self._driver, device)),)
+        edits = self._edits(found, mounts)
         self.prepared[key] = edits
         return edits
 
@@ -256,29 +272,22 @@ class FakeBackend:
         if self._partitions is not None:
             self._partitions.destroy(device, claim.uid)
         self.prepared.pop((claim.uid, device), None)
+        if self._device_files is not None:
+            path = devicefile.host_path(self._device_files, claim, device)
+            try:
+                await anyio.to_thread.run_sync(devicefile.remove_device_file, path)
+            except OSError as error:
+                raise BackendError(
+                    f"fake backend {self._driver}: cannot remove the device file {path}: {error}: "
+                    "check the agent's state directory"
+                ) from error
 
-    def _edits(self, device: Device) -> ContainerEdits:
+    def _edits(self, device: Device, mounts: tuple[Mount, ...]) -> ContainerEdits:
+        """Environment and the description file: no device nodes (see `backends.fake.devicefile`)."""
+        env = {devicefile.VISIBLE_DEVICES: device.name}
         if self._vendor == "nvidia":
-            match = _GPU_MINOR.match(device.parent or device.name)
-            minor = int(match.group(1)) if match else 0
-            nodes = [f"/dev/nvidia{minor}", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-            if device.attributes.get("type") == "mig":
-                # MIG capability nodes: one per GPU/compute instance in the real driver.
-                nodes.append(f"/dev/nvidia-caps/nvidia-cap{minor * 9 + 1}")
-            uuid = device.uuid or device.name
-            return ContainerEdits(
-                device_nodes=tuple(DeviceNode(p, type="c") for p in nodes),
-                env={"NVIDIA_VISIBLE_DEVICES": uuid},
-                list_env=frozenset({"NVIDIA_VISIBLE_DEVICES"}),
-            )
-        if self._vendor == "amd":
-            render = device.attributes.get("renderIndex", 128)
-            card = device.attributes.get("cardIndex", 0)
-            nodes = ["/dev/kfd", f"/dev/dri/renderD{render}", f"/dev/dri/card{card}"]
-            return ContainerEdits(device_nodes=tuple(DeviceNode(p, type="c") for p in nodes))
-        return ContainerEdits(
-            env={"FAKE_VISIBLE_DEVICES": device.name}, list_env=frozenset({"FAKE_VISIBLE_DEVICES"})
-        )
+            env[devicefile.NVIDIA_VISIBLE_DEVICES] = device.uuid or device.name
+        return ContainerEdits(env=env, list_env=frozenset(env), mounts=mounts)
 
     async def telemetry(self) -> Sequence[DeviceTelemetry]:
         """Synthetic counters: a slow wave per device (phase from its name), deterministic per time."""

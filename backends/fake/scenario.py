@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
-import yaml
 
 from agent.core.backend import ConditionKind
+from agent.core.boundedfile import MIB, BoundedFileError, parse_yaml, read_text
 from agent.core.clock import Clock
 from agent.core.errors import BackendError
 from agent.core.model import Severity
@@ -44,6 +44,8 @@ _FIELDS: dict[str, frozenset[str]] = {
 }
 STORM_TICK_SECONDS = 0.005
 """How often a storm injects the events that are due (several per tick at high rates)."""
+MAX_SCENARIO_BYTES = 1 * MIB
+"""Thousands of steps fit in a few hundred KiB."""
 
 
 class ScenarioError(BackendError):
@@ -121,21 +123,17 @@ def shipped_scenarios() -> list[str]:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file (or a shipped scenario by name, e.g. ``xid-storm``)."""
-    if not Path(path).exists() and str(path) in shipped_scenarios():
-        text = resources.files("backends.fake").joinpath("scenarios", f"{path}.yaml").read_text()
-        return parse_scenario(yaml.safe_load(text), str(path))
     try:
-        text = Path(path).read_text()
-    except OSError as error:
-        shipped = ", ".join(shipped_scenarios())
-        raise ScenarioError(
-            str(path), "", f"cannot read it ({error.strerror}); give a file or a shipped scenario ({shipped})"
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise ScenarioError(str(path), "", f"not valid YAML: {problem}") from None
+        if not Path(path).exists() and str(path) in shipped_scenarios():
+            text = resources.files("backends.fake").joinpath("scenarios", f"{path}.yaml").read_text()
+        else:
+            text = read_text(path, max_bytes=MAX_SCENARIO_BYTES, what="YAML scenario")
+        data = parse_yaml(text, path, what="YAML scenario")
+    except BoundedFileError as error:
+        hint = f"expected {error.accepted}"
+        if error.reason == "unreadable":
+            hint = f"give a file or a shipped scenario ({', '.join(shipped_scenarios())})"
+        raise ScenarioError(str(path), "", f"{error.problem}; {hint}") from None
     return parse_scenario(data, str(path))
 
 

@@ -7,18 +7,29 @@ the same attribute names), so existing DeviceClasses and CEL selectors keep work
 Settings (``--backend nvidia:key=value,...``):
 
 - ``driver``: the DRA driver name (default ``gpu.nvidia.com``).
-- ``driver-root``: where the driver's files are: ``/`` (driver installed on the host, default) or
-  ``/run/nvidia/driver`` (GPU Operator). NVML is loaded from there when present.
+- ``driver-root``: where the driver's files are on the host: ``/`` (driver installed on the host,
+  default) or ``/run/nvidia/driver`` (GPU Operator). NVML is loaded from there when present.
+- ``host-root``: where the agent sees the host's ``/`` (default ``/``; the chart mounts it at
+  ``/host``). The driver's files, the hook binary and the toolkit's CDI specs are read through it
+  and named in our specs by their host paths, which the container runtime resolves.
+- ``cdi-hook-path``: host path of the NVIDIA Container Toolkit's hook binary (default
+  ``/usr/bin/nvidia-cdi-hook``; ``nvidia-ctk`` of toolkits before 1.16 works too).
 - ``cdi-mode``: how containers get the GPU:
 
-  * ``own`` (default): our per-claim CDI spec carries the device nodes, MIG capability nodes,
-    ``NVIDIA_VISIBLE_DEVICES`` and read-only mounts of the driver's libraries (into
-    ``/usr/local/nvidia/lib64``, which CUDA images have on ``LD_LIBRARY_PATH``) and ``nvidia-smi``.
-    Use it when the NVIDIA Container Toolkit is not installed or does not generate CDI specs.
-  * ``toolkit``: return the NVIDIA Container Toolkit's CDI device ``nvidia.com/gpu=<uuid>`` (and
-    ``NVIDIA_VISIBLE_DEVICES``). Use it when the GPU Operator or ``nvidia-ctk cdi generate
-    --device-name-strategy=uuid`` keeps ``/var/run/cdi/nvidia.yaml`` current: the toolkit then
-    adds the libraries, binaries and hooks (ldconfig, IPC sockets) exactly as for its own devices.
+  * ``auto`` (default): ``toolkit`` for a GPU the toolkit's CDI spec names by UUID, else ``own``.
+    Each start logs the mode it chose and why; every prepare checks the spec again (the GPU
+    Operator may write it after the agent started, an old one may lack a GPU).
+  * ``own``: our per-claim CDI spec carries the device nodes (``nvidia<minor>``, ``nvidiactl``,
+    ``nvidia-uvm``, ``nvidia-uvm-tools``, ``nvidia-modeset``, MIG capability nodes),
+    ``NVIDIA_VISIBLE_DEVICES`` and what the toolkit would mount (`backends.nvidia.driverfiles`):
+    every driver library, the driver's binaries, EGL/Vulkan vendor files and IPC sockets, at their
+    paths below the driver root, plus the toolkit's ``update-ldcache`` and ``create-symlinks``
+    hooks when the hook binary is installed, so a plain image finds ``libcuda.so.1``.
+  * ``toolkit``: return the toolkit's CDI device ``nvidia.com/gpu=<uuid>`` (and
+    ``NVIDIA_VISIBLE_DEVICES``); the toolkit's spec (``nvidia-ctk cdi generate``, kept current by
+    ``nvidia-cdi-refresh`` or the GPU Operator) carries nodes, libraries and hooks. A claim fails,
+    saying what to run, when that spec is missing or lacks the GPU's UUID (``nvidia-ctk`` before
+    the ``index,uuid`` default names devices by index only: ``--device-name-strategy=uuid``).
 
 - ``ignored-xids`` / ``critical-xids``: XIDs to treat as informational / to force back to critical
   (``79+94``; ``+`` because ``,`` separates settings). Application XIDs 13, 31, 43, 45, 68, 109

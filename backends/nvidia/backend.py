@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -11,18 +12,30 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from agent.core.backend import BackendOptions, ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink, Mount
+from agent.core.backend import BackendOptions, ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device, check_driver_name
 from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
+from backends.nvidia.driverfiles import DEFAULT_HOOK_PATH, DriverFiles, HostView, find_driver_files
 from backends.nvidia.dynamicmig import DynamicMig, gpu_handles_sync
-from backends.nvidia.edits import CDI_MODES, EditsConfig, container_edits, driver_mounts, resolve_dev_root
+from backends.nvidia.edits import (
+    AUTO,
+    CDI_MODES,
+    OWN,
+    TOOLKIT,
+    DevDir,
+    EditsConfig,
+    own_edits,
+    resolve_dev_dir,
+    toolkit_edits,
+)
 from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState, XidPolicy
 from backends.nvidia.migjournal import MigJournal
 from backends.nvidia.nvml import Nvml, load_pynvml
 from backends.nvidia.telemetry import read_telemetry_sync
+from backends.nvidia.toolkitspec import ToolkitDevices, ToolkitSpecReader
 
 log = logging.getLogger("agent.backends.nvidia")
 
@@ -30,6 +43,8 @@ SETTINGS = (
     "driver",
     "cdi-mode",
     "driver-root",
+    "host-root",
+    "cdi-hook-path",
     "ignored-xids",
     "critical-xids",
     "telemetry-interval",
@@ -39,6 +54,13 @@ SETTINGS = (
     "dynamic-mig-dir",
 )
 DEFAULT_DYNAMIC_MIG_DIR = "/var/lib/dra-agent"
+
+
+def _path_setting(settings: Mapping[str, str], key: str, default: str) -> str:
+    value = settings.get(key) or default
+    if not value.startswith("/"):
+        raise ConfigError(f"nvidia setting {key}", value, f"an absolute path such as {default}")
+    return value
 
 
 def _float_setting(settings: Mapping[str, str], key: str, default: float, minimum: float) -> float:
@@ -76,12 +98,11 @@ class NvidiaBackend:
         self._driver = options.driver_name or DEFAULT_DRIVER_NAME
         if problem := check_driver_name(self._driver):
             raise ConfigError("nvidia setting driver", self._driver, f"a driver name that {problem}")
-        mode = settings.get("cdi-mode", "own") or "own"
+        mode = settings.get("cdi-mode") or AUTO
         if mode not in CDI_MODES:
-            raise ConfigError("nvidia setting cdi-mode", mode, " or ".join(CDI_MODES))
-        driver_root = Path(settings.get("driver-root") or "/")
-        if not driver_root.is_absolute():
-            raise ConfigError("nvidia setting driver-root", str(driver_root), "an absolute path such as /")
+            raise ConfigError("nvidia setting cdi-mode", mode, ", ".join(CDI_MODES))
+        driver_root = _path_setting(settings, "driver-root", "/")
+        host = HostView(Path(_path_setting(settings, "host-root", "/")))
         self._policy = XidPolicy.from_settings(settings)
         self._telemetry_interval = _float_setting(settings, "telemetry-interval", 0.0, 0.0)
         self._wait_ms = int(_float_setting(settings, "health-wait-ms", 500, 10))
@@ -89,25 +110,26 @@ class NvidiaBackend:
         dynamic = (settings.get("dynamic-mig") or "false").lower()
         if dynamic not in ("true", "false"):
             raise ConfigError("nvidia setting dynamic-mig", dynamic, "true or false")
-        journal_dir = Path(settings.get("dynamic-mig-dir") or DEFAULT_DYNAMIC_MIG_DIR)
-        if not journal_dir.is_absolute():
-            raise ConfigError(
-                "nvidia setting dynamic-mig-dir", str(journal_dir), "an absolute directory path"
-            )
+        journal_dir = Path(_path_setting(settings, "dynamic-mig-dir", DEFAULT_DYNAMIC_MIG_DIR))
         self._journal_path = journal_dir / f"dynamic-mig-{self._driver}.json" if dynamic == "true" else None
         self._dynamic: DynamicMig | None = None
         self._module = nvml_module
         self._nvml: Nvml | None = None
-        self._driver_root = driver_root
+        # NVML is loaded from the driver root as mounted in the agent (the chart: the same path).
+        self._driver_root = Path(driver_root)
         self._clock: Clock = clock or SystemClock()
         self._sysfs_root = sysfs_root
+        self._dev_override = dev_root
         self._edits = EditsConfig(
             mode=mode,
             driver_root=driver_root,
-            dev_root=dev_root if dev_root is not None else resolve_dev_root(driver_root),
+            host=host,
             proc_root=proc_root,
+            hook_path=_path_setting(settings, "cdi-hook-path", DEFAULT_HOOK_PATH),
         )
-        self._mounts: tuple[Mount, ...] | None = None
+        self._files = DriverFiles()
+        self._toolkit = ToolkitSpecReader(host)
+        self._active_mode = ""
         self._discovery = Discovery()
         self._discovered = False
         self._said_no_gpus = False
@@ -122,7 +144,13 @@ class NvidiaBackend:
 
     @property
     def cdi_mode(self) -> str:
+        """The configured CDI mode (``auto``, ``own`` or ``toolkit``)."""
         return self._edits.mode
+
+    @property
+    def active_cdi_mode(self) -> str:
+        """The mode the last start or prepare chose (``own`` or ``toolkit``); "" before start."""
+        return self._active_mode
 
     def _lib(self) -> Nvml:
         if self._nvml is None:
@@ -143,16 +171,65 @@ class NvidiaBackend:
             self._dynamic = DynamicMig(nvml, journal)
             handles = await nvml.run(gpu_handles_sync, nvml)
             await nvml.run(self._dynamic.reconcile_sync, handles)
-        if self._edits.mode == "own":
-            self._mounts = await anyio.to_thread.run_sync(driver_mounts, self._driver_root)
-            if not self._mounts:
-                log.warning(
-                    "no NVIDIA driver libraries under the driver root: containers get device nodes only",
-                    extra=log_fields(
-                        driver_root=str(self._driver_root),
-                        hint="set driver-root (Helm nvidia.driverRoot) or use cdi-mode=toolkit",
-                    ),
-                )
+        await self._choose_cdi_mode()
+
+    async def _choose_cdi_mode(self) -> None:
+        """Look up the driver's files and the toolkit's spec; log the mode this start chose and why."""
+        config = self._edits
+        dev = (
+            DevDir(self._dev_override, str(self._dev_override))
+            if self._dev_override is not None
+            else await anyio.to_thread.run_sync(resolve_dev_dir, config.host, config.driver_root)
+        )
+        self._edits = config = replace(config, dev=dev)
+        try:
+            self._files = await anyio.to_thread.run_sync(
+                find_driver_files, config.host, config.driver_root, config.hook_path
+            )
+        except OSError as error:
+            # Own edits then carry device nodes only; the warning below names what is missing.
+            log.error("cannot read the NVIDIA driver root", extra=log_fields(error=str(error)))
+        toolkit = ToolkitDevices()
+        if config.mode != OWN:
+            toolkit = await anyio.to_thread.run_sync(self._toolkit.read)
+        if config.mode == OWN:
+            reason = "cdi-mode=own"
+        elif toolkit.by_uuid:
+            reason = f"the toolkit's CDI spec names the GPUs by UUID: {', '.join(toolkit.files)}"
+        else:
+            reason = toolkit.why_not("")
+        chosen = TOOLKIT if config.mode == TOOLKIT or toolkit.by_uuid else OWN
+        self._active_mode = chosen
+        fields = log_fields(driver=self._driver, setting=config.mode, mode=chosen, reason=reason)
+        if config.mode == TOOLKIT and not toolkit.by_uuid:
+            log.error("NVIDIA CDI mode toolkit: claims fail until the toolkit's spec is fixed", extra=fields)
+            return
+        log.info("NVIDIA CDI mode chosen", extra=fields)
+        if chosen == OWN:
+            self._warn_about_driver_files()
+
+    def _warn_about_driver_files(self) -> None:
+        files, config = self._files, self._edits
+        if files.missing:
+            log.warning(
+                "NVIDIA driver libraries missing under the driver root: containers cannot use CUDA",
+                extra=log_fields(
+                    driver_root=config.driver_root,
+                    host_root=str(config.host.root),
+                    missing=",".join(files.missing),
+                    hint="set driver-root (Helm backends.nvidia.driverRoot) to where the driver is installed",
+                ),
+            )
+        if not files.hook_path:
+            log.warning(
+                "nvidia-cdi-hook not found: no ldcache update in containers; the driver libraries are "
+                "found only by images whose default library path holds the host's library directory",
+                extra=log_fields(
+                    hook_path=config.hook_path,
+                    library_dirs=",".join(files.library_dirs),
+                    hint="install nvidia-container-toolkit-base on the node or set cdi-hook-path",
+                ),
+            )
 
     async def stop(self) -> None:
         nvml, self._nvml = self._nvml, None
@@ -215,16 +292,45 @@ class NvidiaBackend:
         nv = self._device(device)
         placement = self._dynamic.placements.get(device) if self._dynamic is not None else None
         if self._dynamic is not None and placement is not None:
-
-            async def finish(mig: NvDevice) -> ContainerEdits:
-                return await anyio.to_thread.run_sync(container_edits, mig, self._edits, self._mounts)
-
-            edits = await self._dynamic.prepare(placement, claim.uid, nv, finish)
+            # The MIG device is created first; its edits are those of a static MIG device.
+            edits = await self._dynamic.prepare(placement, claim.uid, nv, self._edits_for)
         else:
-            edits = await anyio.to_thread.run_sync(container_edits, nv, self._edits, self._mounts)
+            edits = await self._edits_for(nv)
         self._prepared[key] = edits
-        log.info("prepared device", extra=log_fields(device=device, claim=claim.uid, mode=self._edits.mode))
+        log.info("prepared device", extra=log_fields(device=device, claim=claim.uid, mode=self._active_mode))
         return edits
+
+    async def _edits_for(self, nv: NvDevice) -> ContainerEdits:
+        mode = await self._mode_for(nv)
+        if mode == TOOLKIT:
+            return toolkit_edits(nv)
+        return await anyio.to_thread.run_sync(own_edits, nv, self._edits, self._files)
+
+    async def _mode_for(self, device: NvDevice) -> str:
+        """The mode that serves `device` now: the toolkit's spec is checked at every prepare."""
+        if self._edits.mode == OWN:
+            return OWN
+        toolkit = await anyio.to_thread.run_sync(self._toolkit.read)
+        reason = toolkit.why_not(device.uuid)
+        if self._edits.mode == TOOLKIT and reason:
+            raise BackendError(
+                f"NVIDIA backend: cdi-mode=toolkit cannot give {device.name} ({device.uuid}) to a "
+                f"container: {reason}; or set cdi-mode=auto to fall back to the agent's own CDI edits"
+            )
+        mode = OWN if reason else TOOLKIT
+        if mode != self._active_mode:
+            log.warning(
+                "NVIDIA CDI mode changed",
+                extra=log_fields(
+                    driver=self._driver,
+                    device=device.name,
+                    previous=self._active_mode,
+                    mode=mode,
+                    reason=reason or "the toolkit's CDI spec names the GPU by UUID",
+                ),
+            )
+            self._active_mode = mode
+        return mode
 
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
         # Only a dynamic MIG device changes the GPU when prepared; the others have nothing to undo.

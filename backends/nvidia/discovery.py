@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -399,7 +399,33 @@ def _discover_migs(
                 "MIG device left out of discovery",
                 extra=log_fields(gpu=gpu.uuid, slot=slot, error=str(error)),
             )
-    return found
+    return _distinct_names(found)
+
+
+def _distinct_names(found: list[NvDevice]) -> list[NvDevice]:
+    """Name each MIG device distinctly: compute instances of one GPU instance share the name.
+
+    NVIDIA's scheme names the GPU instance (profile, profile id, placement), so two compute
+    instances with the same profile in one GPU instance collide; the inventory would keep only
+    the last. The lowest compute instance keeps the name, the others get ``-ci<id>``.
+    """
+    by_name: dict[str, list[NvDevice]] = {}
+    for nv in found:
+        by_name.setdefault(nv.name, []).append(nv)
+    out: list[NvDevice] = []
+    for name, group in by_name.items():
+        group.sort(key=lambda nv: nv.mig.compute_instance_id if nv.mig else 0)
+        out.append(group[0])
+        for nv in group[1:]:
+            ci = nv.mig.compute_instance_id if nv.mig else 0
+            renamed = replace(nv.device, name=f"{name}-ci{ci}")
+            log.warning(
+                "several compute instances of one GPU instance have the same device name; naming "
+                "this one distinctly",
+                extra=log_fields(device=name, renamed=renamed.name, mig=renamed.uuid, compute_instance=ci),
+            )
+            out.append(replace(nv, device=renamed))
+    return out
 
 
 def _mig_device(

@@ -1,11 +1,12 @@
-"""Container edits for a prepared NVIDIA device, in the two CDI modes (see the package docstring).
+"""Container edits for a prepared NVIDIA device, in the CDI modes (see the package docstring).
 
 - ``own``: the device nodes (``/dev/nvidia<minor>``, ``/dev/nvidiactl``, ``/dev/nvidia-uvm``,
-  ``/dev/nvidia-uvm-tools``, MIG capability nodes), ``NVIDIA_VISIBLE_DEVICES`` and bind mounts of
-  the driver's user-space libraries (into ``/usr/local/nvidia/lib64``, on the CUDA images'
-  ``LD_LIBRARY_PATH``) and ``nvidia-smi`` (``/usr/local/nvidia/bin``).
+  ``/dev/nvidia-uvm-tools``, ``/dev/nvidia-modeset``, MIG capability nodes),
+  ``NVIDIA_VISIBLE_DEVICES``, and the driver's files with the toolkit's hooks
+  (`backends.nvidia.driverfiles`).
 - ``toolkit``: the NVIDIA Container Toolkit's own CDI device ``nvidia.com/gpu=<uuid>`` plus
   ``NVIDIA_VISIBLE_DEVICES``; the toolkit's spec carries nodes, libraries and hooks.
+- ``auto``: ``toolkit`` when the toolkit's spec names the GPU by UUID, else ``own``.
 """
 
 from __future__ import annotations
@@ -14,53 +15,62 @@ import logging
 import os
 import re
 import stat
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
-from agent.core.backend import ContainerEdits, DeviceNode, Mount
+from agent.core.backend import ContainerEdits, DeviceNode
 from agent.core.errors import BackendError
 from agent.core.logs import log_fields
 from backends.nvidia.discovery import NvDevice
-from backends.nvidia.nvml import find_library_dir
+from backends.nvidia.driverfiles import DEFAULT_HOOK_PATH, DriverFiles, HostView
+from backends.nvidia.toolkitspec import TOOLKIT_KIND
 
 log = logging.getLogger("agent.backends.nvidia")
 
-CDI_MODES = ("own", "toolkit")
-TOOLKIT_KIND = "nvidia.com/gpu"
+AUTO, OWN, TOOLKIT = "auto", "own", "toolkit"
+CDI_MODES = (AUTO, OWN, TOOLKIT)
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-CONTAINER_LIB_DIR = "/usr/local/nvidia/lib64"
-CONTAINER_BIN_DIR = "/usr/local/nvidia/bin"
-# User-space driver libraries a CUDA/NVML container needs (not the whole host library dir).
-_DRIVER_LIBRARY = re.compile(
-    r"^lib(cuda|cudadebugger|nvidia-[a-z0-9-]+|nvcuvid|nvoptix|nvidia-ml)\.so(\.[0-9.]+)?$"
-)
 _CAP_MINOR = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
+class DevDir:
+    """Where device nodes are: `view` as the agent sees it, `host` as the runtime does."""
+
+    view: Path
+    host: str
+
+
+@dataclass(frozen=True)
 class EditsConfig:
-    """Where things are on the host; the roots are injectable for tests."""
+    """Where things are on the host; the roots are injectable for tests.
 
-    mode: str = "own"
-    driver_root: Path = Path("/")
-    dev_root: Path = Path("/dev")
+    `driver_root` and `hook_path` are host paths; `host` maps them to the agent's view.
+    """
+
+    mode: str = AUTO
+    driver_root: str = "/"
+    host: HostView = field(default_factory=HostView)
+    dev: DevDir = field(default_factory=lambda: DevDir(Path("/dev"), "/dev"))
     proc_root: Path = Path("/proc")
+    hook_path: str = DEFAULT_HOOK_PATH
 
 
-def _device_node(dev_root: Path, name: str, required: bool) -> DeviceNode | None:
-    host = dev_root / name
+def _device_node(dev: DevDir, name: str, required: bool) -> DeviceNode | None:
+    view = dev.view / name
     container = f"/dev/{name}"
+    host = str(PurePosixPath(dev.host) / name)
     try:
-        info = os.stat(host)
+        info = os.stat(view)
     except OSError:
         if required:
             raise BackendError(
-                f"NVIDIA backend: device node {host} is missing: load the NVIDIA driver "
+                f"NVIDIA backend: device node {view} is missing: load the NVIDIA driver "
                 "(nvidia-smi creates the nodes), or mount the host's /dev into the agent"
             ) from None
-        log.warning("optional device node missing", extra=log_fields(path=str(host)))
+        log.debug("optional device node missing", extra=log_fields(path=str(view)))
         return None
-    host_path = "" if str(host) == container else str(host)
+    host_path = "" if host == container else host
     if stat.S_ISCHR(info.st_mode):
         return DeviceNode(
             container, host_path, "c", os.major(info.st_rdev), os.minor(info.st_rdev), permissions="rw"
@@ -91,56 +101,51 @@ def mig_capability_minors(proc_root: Path, gpu_minor: int, gi: int, ci: int) -> 
     return minors
 
 
-def resolve_dev_root(driver_root: Path, default: Path = Path("/dev")) -> Path:
-    """Device nodes live under a containerized driver's root when it made them, else in /dev."""
-    candidate = driver_root / "dev"
-    if str(driver_root) not in ("", "/") and (candidate / "nvidiactl").exists():
-        return candidate
-    return default
+def resolve_dev_dir(host: HostView, driver_root: str) -> DevDir:
+    """Device nodes live under a containerized driver's root when it made them, else in /dev.
+
+    The host's /dev is mounted at /dev in the agent (the chart does), so that view is used for it.
+    """
+    if driver_root not in ("", "/"):
+        candidate = PurePosixPath(driver_root) / "dev"
+        if (host.view(candidate) / "nvidiactl").exists():
+            return DevDir(host.view(candidate), str(candidate))
+    return DevDir(Path("/dev"), "/dev")
 
 
-def driver_mounts(driver_root: Path) -> tuple[Mount, ...]:
-    """Bind mounts of the driver's user-space libraries and nvidia-smi (read-only)."""
-    mounts: list[Mount] = []
-    libdir = find_library_dir(driver_root)
-    if libdir is not None:
-        for entry in sorted(libdir.iterdir(), key=lambda p: p.name):
-            if _DRIVER_LIBRARY.match(entry.name) and entry.exists():
-                mounts.append(Mount(str(entry), f"{CONTAINER_LIB_DIR}/{entry.name}"))
-    smi = driver_root / "usr" / "bin" / "nvidia-smi"
-    if smi.exists():
-        mounts.append(Mount(str(smi), f"{CONTAINER_BIN_DIR}/nvidia-smi"))
-    return tuple(mounts)
+def toolkit_edits(device: NvDevice) -> ContainerEdits:
+    """``nvidia.com/gpu=<uuid>``: the toolkit's spec carries everything else."""
+    return ContainerEdits(
+        env={VISIBLE_DEVICES: device.uuid},
+        list_env=frozenset({VISIBLE_DEVICES}),
+        cdi_device_ids=(f"{TOOLKIT_KIND}={device.uuid}",),
+    )
 
 
-def container_edits(
-    device: NvDevice, config: EditsConfig, mounts: tuple[Mount, ...] | None = None
-) -> ContainerEdits:
-    """The edits a container needs for `device` (blocking file reads: run in a worker thread)."""
-    env = {VISIBLE_DEVICES: device.uuid}
-    list_env = frozenset({VISIBLE_DEVICES})
-    if config.mode == "toolkit":
-        return ContainerEdits(env=env, list_env=list_env, cdi_device_ids=(f"{TOOLKIT_KIND}={device.uuid}",))
+def own_edits(device: NvDevice, config: EditsConfig, files: DriverFiles) -> ContainerEdits:
+    """Our own edits for `device` (blocking file reads: run in a worker thread)."""
     nodes: list[DeviceNode] = []
     for name, required in (
         (f"nvidia{device.gpu.minor}", True),
         ("nvidiactl", True),
         ("nvidia-uvm", False),
         ("nvidia-uvm-tools", False),
+        ("nvidia-modeset", False),
     ):
-        node = _device_node(config.dev_root, name, required)
+        node = _device_node(config.dev, name, required)
         if node is not None:
             nodes.append(node)
     if device.mig is not None:
         for minor in mig_capability_minors(
             config.proc_root, device.gpu.minor, device.mig.gpu_instance_id, device.mig.compute_instance_id
         ):
-            node = _device_node(config.dev_root, f"nvidia-caps/nvidia-cap{minor}", True)
+            node = _device_node(config.dev, f"nvidia-caps/nvidia-cap{minor}", True)
             if node is not None:
                 nodes.append(node)
     return ContainerEdits(
         device_nodes=tuple(nodes),
-        env=env,
-        list_env=list_env,
-        mounts=mounts if mounts is not None else driver_mounts(config.driver_root),
+        env={VISIBLE_DEVICES: device.uuid},
+        list_env=frozenset({VISIBLE_DEVICES}),
+        mounts=files.mounts,
+        hooks=files.hooks,
     )

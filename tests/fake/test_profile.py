@@ -182,7 +182,7 @@ def one_line(error: ProfileError) -> str:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("drivers: [\n", "profile /x.yaml: line"),
+        ("drivers: [\n", "profile /x.yaml: not valid YAML at line 2"),
         ("drivers: []\n", "profile /x.yaml: drivers: [] must be a non-empty list"),
         ("nodes: 1\n", "profile /x.yaml: nodes: unknown field"),
         (
@@ -259,5 +259,5 @@ def test_string_too_long() -> None:
 def test_missing_profile_file() -> None:
     with pytest.raises(ProfileError) as caught:
         load_profile("/nonexistent/profile.yaml")
-    assert "profile /nonexistent/profile.yaml: cannot read it" in one_line(caught.value)
+    assert "profile /nonexistent/profile.yaml: unreadable" in one_line(caught.value)
     assert "nvidia-a100-8x" in str(caught.value)

@@ -194,7 +194,7 @@ def test_bad_scenarios_give_one_clear_line(data: object, expected: str) -> None:
 
 
 def test_bad_files(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match=r"cannot read it .* shipped scenario .*xid-storm"):
+    with pytest.raises(ScenarioError, match=r"unreadable .* shipped scenario .*xid-storm"):
         load_scenario(tmp_path / "missing.yaml")
     assert load_scenario("xid-storm").steps[0].rate == 1000
     bad = tmp_path / "bad.yaml"

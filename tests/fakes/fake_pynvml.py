@@ -20,6 +20,7 @@ import threading
 import types
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pynvml as real
@@ -581,10 +582,21 @@ class MigNvml(FakeNvml):
     """`FakeNvml` plus GPU-instance profiles, placements, creation and destruction.
 
     `mig_hook(phase, call)` runs "before" and "after" each create/destroy (the crash tests kill
-    the process there and persist `FakeGpu.migs` as the driver would keep them).
+    the process there and persist `FakeGpu.migs` as the driver would keep them). With `proc_root`
+    and `dev_root`, creating an instance also makes its MIG capability file
+    (``driver/nvidia/capabilities/gpu<N>/mig/gi<G>[/ci<C>]/access``) and device node
+    (``nvidia-caps/nvidia-cap<minor>``), as the driver does; destroying removes the file.
     """
 
-    def __init__(self, gpus: Sequence[FakeGpu] = (), **kwargs: Any) -> None:
+    def __init__(
+        self,
+        gpus: Sequence[FakeGpu] = (),
+        *,
+        proc_root: Path | None = None,
+        dev_root: Path | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.proc_root, self.dev_root = proc_root, dev_root
         self.mig_hook: Any = None
         self.once: dict[str, int] = {}
         """NVML function name -> error code it raises at its next call only (a transient failure)."""
@@ -604,6 +616,21 @@ class MigNvml(FakeNvml):
     def _hook(self, phase: str, call: str) -> None:
         if self.mig_hook is not None:
             self.mig_hook(phase, call)
+
+    def _capability(self, gpu: FakeGpu, gi: int, ci: int | None, create: bool) -> None:
+        if self.proc_root is None or self.dev_root is None:
+            return
+        base = self.proc_root / "driver" / "nvidia" / "capabilities" / f"gpu{gpu.minor}" / "mig" / f"gi{gi}"
+        path = base / "access" if ci is None else base / f"ci{ci}" / "access"
+        minor = 1000 + gpu.minor * 200 + gi * 8 + (0 if ci is None else 1 + ci)
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+            node = self.dev_root / "nvidia-caps" / f"nvidia-cap{minor}"
+            node.parent.mkdir(parents=True, exist_ok=True)
+            node.touch()
+        else:
+            path.unlink(missing_ok=True)
 
     def _layout(self, gpu: FakeGpu) -> Any:
         from backends.fake import migtables
@@ -665,6 +692,7 @@ class MigNvml(FakeNvml):
         gi_id = next(i for i in range(1, 64) if i not in used)
         mig = FakeMig("", gi_id, NO_CI, profileId, where.start, where.size)
         gpu.migs.append(mig)
+        self._capability(gpu, gi_id, None, create=True)
         self._hook("after", "nvmlDeviceCreateGpuInstanceWithPlacement")
         return FakeGpuInstance(gpu, mig)
 
@@ -706,6 +734,7 @@ class MigNvml(FakeNvml):
             0,
             f"MIG-{gpuInstance.gpu.minor:04d}{mig.gi_id:04d}-{self._next_uuid:04d}-0000-0000-000000000000",
         )
+        self._capability(gpuInstance.gpu, mig.gi_id, 0, create=True)
         self._hook("after", "nvmlGpuInstanceCreateComputeInstance")
         return FakeComputeInstance(gpuInstance.gpu, mig)
 
@@ -732,6 +761,7 @@ class MigNvml(FakeNvml):
         mig = self._live(computeInstance.gpu, computeInstance.mig)
         if mig.ci_id == NO_CI:
             raise error(int(real.NVML_ERROR_NOT_FOUND))
+        self._capability(computeInstance.gpu, mig.gi_id, mig.ci_id, create=False)
         mig.ci_id, mig.uuid = NO_CI, ""
         self._hook("after", "nvmlComputeInstanceDestroy")
 
@@ -742,6 +772,7 @@ class MigNvml(FakeNvml):
         if mig.ci_id != NO_CI:
             raise error(int(real.NVML_ERROR_IN_USE))
         gpuInstance.gpu.migs[:] = [m for m in gpuInstance.gpu.migs if m is not mig]
+        self._capability(gpuInstance.gpu, mig.gi_id, None, create=False)
         self._hook("after", "nvmlGpuInstanceDestroy")
 
 

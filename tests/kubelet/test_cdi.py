@@ -160,3 +160,45 @@ def test_temp_files_of_a_crash_are_removed(tmp_path: Path) -> None:
     assert writer.remove_temp_files() == 1
     assert [p.name for p in tmp_path.iterdir()] == [".other.tmp"]
     assert CdiSpecWriter(tmp_path / "missing", DRIVER).remove_temp_files() == 0
+
+
+def test_spec_records_its_claim_in_a_comment_runtimes_ignore(tmp_path: Path) -> None:
+    writer = CdiSpecWriter(tmp_path, DRIVER)
+    devices = [CdiDevice(f"{UID}-gpu-0", ContainerEdits(device_nodes=(DeviceNode(path="/dev/x"),)))]
+    record = {"uid": UID, "namespace": "ns", "name": "c", "devices": [{"device": "gpu-0"}]}
+    writer.write_claim_spec(UID, devices, record)
+    text = writer.spec_path(UID).read_text()
+    assert text.startswith("---\n# dra-agent claim: {")
+    # The same document as without the record: same cdiVersion, nothing a runtime would read.
+    assert yaml.safe_load(text) == build_claim_spec(DRIVER, devices)
+    assert writer.read_claim_record(UID) == record
+    writer.write_claim_spec(UID, devices)
+    assert writer.read_claim_record(UID) is None
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"---\n# dra-agent claim: {not json\n", "not valid JSON"),
+        (b"---\n# dra-agent claim: " + b"[" * 100 + b"]" * 100 + b"\n", "nested more than 64 levels"),
+        (b"---\n\xb8\xff garbage\n", "not UTF-8"),
+    ],
+)
+def test_unusable_record_is_a_bounded_file_error(tmp_path: Path, content: bytes, problem: str) -> None:
+    from agent.core.boundedfile import BoundedFileError
+
+    writer = CdiSpecWriter(tmp_path, DRIVER)
+    writer.spec_path(UID).write_bytes(content)
+    with pytest.raises(BoundedFileError, match=problem):
+        writer.read_claim_record(UID)
+
+
+def test_oversized_spec_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import agent.claims.cdi
+    from agent.core.boundedfile import BoundedFileError
+
+    monkeypatch.setattr(agent.claims.cdi, "MAX_SPEC_BYTES", 64)
+    writer = CdiSpecWriter(tmp_path, DRIVER)
+    writer.spec_path(UID).write_bytes(b"---\n" + b"#" * 100)
+    with pytest.raises(BoundedFileError, match="larger than 64 bytes"):
+        writer.read_claim_record(UID)

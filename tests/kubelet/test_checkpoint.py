@@ -74,6 +74,8 @@ def tamper(raw: bytes, change: str) -> bytes:
         (b"{not json", "invalid_json"),
         (b"\xff\xfe", "invalid_json"),
         (b"[1]", "invalid_json"),
+        (b"[" * 100_000 + b"]" * 100_000, "invalid_json"),  # json.loads alone: RecursionError
+        (b'{"entries": ' * 70 + b"{}" + b"}" * 70, "invalid_json"),
         (tamper(encode(CheckpointData("b", {"u1": ENTRY})), "entry"), "checksum_mismatch"),
         (tamper(encode(CheckpointData("b", {"u1": ENTRY})), "version"), "unknown_version"),
         (tamper(encode(CheckpointData("b", {"u1": ENTRY})), "schema"), "invalid_schema"),
@@ -111,6 +113,44 @@ def test_load_corrupt_file_moves_it_aside(tmp_path: Path) -> None:
     assert outcome.moved_to == tmp_path / "checkpoint.json.corrupt-1234"
     assert outcome.moved_to.read_bytes() == b"garbage"
     assert not path.exists()
+
+
+def test_quarantine_names_are_unique_within_one_second(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    moved = []
+    for content in (b"first", b"second", b"third"):
+        path.write_bytes(content)
+        moved.append(load_checkpoint(path, now=1234.9).moved_to)
+    assert [p.name for p in moved if p is not None] == [
+        "checkpoint.json.corrupt-1234",
+        "checkpoint.json.corrupt-1234-1",
+        "checkpoint.json.corrupt-1234-2",
+    ]
+    assert [p.read_bytes() for p in moved if p is not None] == [b"first", b"second", b"third"]
+
+
+def test_deeply_nested_file_is_quarantined_not_a_recursion_error(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    outcome = load_checkpoint(path, now=1.0)
+    assert outcome.problem is not None
+    assert "nested more than 64 levels deep" in str(outcome.problem)
+    assert outcome.moved_to == tmp_path / "checkpoint.json.corrupt-1"
+
+
+def test_oversized_file_is_quarantined_without_reading_it_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agent.claims.checkpoint
+
+    monkeypatch.setattr(agent.claims.checkpoint, "MAX_CHECKPOINT_BYTES", 100)
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(encode(CheckpointData("b", {"u1": ENTRY})))
+    outcome = load_checkpoint(path, now=1.0)
+    assert outcome.problem is not None
+    assert outcome.problem.reason == "unreadable"
+    assert "larger than 100 bytes" in str(outcome.problem)
+    assert outcome.moved_to is not None
 
 
 def test_load_unreadable_file(tmp_path: Path) -> None:

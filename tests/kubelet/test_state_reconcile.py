@@ -9,6 +9,7 @@ import pytest
 
 from agent.claims.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry, ClaimPhase, decode, encode
 from agent.claims.state import DeviceState
+from agent.core.clock import SystemClock
 from agent.observe.metrics import Metrics
 from tests.kubelet.fakes import DRIVER, NODE, FakeBackend, FakeClaimSource, FakeEvents, make_claim, ref_of
 
@@ -16,11 +17,23 @@ U1 = "0b7c6a2e-1111-4222-8333-444455556666"
 U2 = "1c7c6a2e-1111-4222-8333-444455556666"
 
 
+class FrozenClock(SystemClock):
+    """Always the same second (two corruptions found within one)."""
+
+    def time(self) -> float:
+        return 1_700_000_000.0
+
+
 def build(
-    tmp_path: Path, source: FakeClaimSource, backend: FakeBackend, boot: str = "boot-1", **kw: Any
+    tmp_path: Path,
+    source: FakeClaimSource,
+    backend: Any,
+    boot: str = "boot-1",
+    driver: str = DRIVER,
+    **kw: Any,
 ) -> DeviceState:
     return DeviceState(
-        DRIVER,
+        driver,
         backend,
         source,
         node_name=NODE,
@@ -167,10 +180,40 @@ async def test_orphan_specs_and_temp_files_are_removed(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["checkpoint.json"]
 
 
-@pytest.mark.parametrize("content", [b"{torn", b'{"version": 7, "bootID": "b", "entries": {}}'])
-async def test_corrupt_checkpoint_is_moved_aside_reported_and_rebuilt(tmp_path: Path, content: bytes) -> None:
-    source, backend = await prepared(tmp_path, make_claim(U1))
+def flip_one_byte(raw: bytes) -> bytes:
+    """The checkpoint with one bit of one byte in the middle of its entries flipped."""
+    at = raw.index(b'"namespace"') + 3
+    return raw[:at] + bytes([raw[at] ^ 0x01]) + raw[at + 1 :]
+
+
+CORRUPTIONS = {
+    "torn": lambda raw: b"{torn",
+    "unknown-version": lambda raw: b'{"version": 7, "bootID": "b", "entries": {}}',
+    "one-flipped-byte": flip_one_byte,
+    "truncated": lambda raw: raw[: len(raw) // 2],
+    "binary-garbage": lambda raw: bytes(range(256)) * 4,
+    "deeply-nested": lambda raw: b"[" * 100_000 + b"]" * 100_000,
+}
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
+async def test_corrupt_checkpoint_is_moved_aside_reported_and_rebuilt_from_the_specs(
+    tmp_path: Path, corrupt: Any
+) -> None:
+    """The kubelet still believes the claims prepared: their entries and specs must come back.
+
+    Upstream `pkg/kubelet/cm/dra/manager.go` (PrepareResources, GetResources) records a claim
+    as prepared in the kubelet's own checkpoint, skips NodePrepareResources for it from then on
+    ("Already prepared this claim") and hands every later container the CDI IDs of that first
+    answer: those IDs must keep resolving to spec files.
+    """
+    c1, c2 = make_claim(U1, devices=("gpu-0", "gpu-1")), make_claim(U2, namespace="team", devices=("gpu-2",))
+    source, backend = await prepared(tmp_path, c1, c2)
+    before = entries(tmp_path)
+    specs = {uid: spec(tmp_path, uid).read_bytes() for uid in (U1, U2)}
+    content = corrupt((tmp_path / "state" / "checkpoint.json").read_bytes())
     (tmp_path / "state" / "checkpoint.json").write_bytes(content)
+    backend.prepared.clear()  # a restarted agent's backend has no memory of the claims
     events = FakeEvents()
     metrics = Metrics()
     state = build(tmp_path, source, backend, events=events, metrics=metrics)
@@ -178,8 +221,11 @@ async def test_corrupt_checkpoint_is_moved_aside_reported_and_rebuilt(tmp_path: 
     aside = [p for p in (tmp_path / "state").iterdir() if p.name.startswith("checkpoint.json.corrupt-")]
     assert len(aside) == 1
     assert aside[0].read_bytes() == content
-    assert entries(tmp_path) == {}
+    assert entries(tmp_path) == before
+    assert {uid: spec(tmp_path, uid).read_bytes() for uid in (U1, U2)} == specs
+    assert backend.prepared == {U1: {"gpu-0", "gpu-1"}, U2: {"gpu-2"}}
     assert [(r, t) for r, _, t in events.recorded] == [("CheckpointRecovered", "Warning")]
+    assert "rebuilt from the CDI specs of 2 prepared claim(s)" in events.recorded[0][1]
     recoveries = sum(
         s.value
         for m in metrics.checkpoint_recoveries.collect()
@@ -187,10 +233,83 @@ async def test_corrupt_checkpoint_is_moved_aside_reported_and_rebuilt(tmp_path: 
         if s.name.endswith("_total")
     )
     assert recoveries == 1
-    # The rebuilt checkpoint owns nothing, so the old spec goes: the invariant holds.
     assert_invariants(tmp_path)
-    # And the agent works: the kubelet's next prepare succeeds.
-    assert (await state.prepare([ref_of(make_claim(U1))]))[U1].error == ""
+    # The kubelet's next prepare gets the same answer; its unprepare releases everything.
+    gets = source.gets
+    answer = (await state.prepare([ref_of(c1)]))[U1]
+    assert [(d.device, d.cdi_device_ids) for d in answer.devices] == [
+        (d.device, d.cdi_device_ids) for d in before[U1].devices
+    ]
+    assert source.gets == gets + 1
+    assert await state.unprepare([ref_of(c1), ref_of(c2)]) == {U1: "", U2: ""}
+    assert entries(tmp_path) == {}
+    assert backend.prepared == {}
+    assert_invariants(tmp_path)
+
+
+async def test_rebuilt_claim_deleted_in_the_api_is_unprepared(tmp_path: Path) -> None:
+    c1, c2 = make_claim(U1), make_claim(U2, devices=("gpu-1",))
+    source, backend = await prepared(tmp_path, c1, c2)
+    (tmp_path / "state" / "checkpoint.json").write_bytes(b"{torn")
+    source.delete("default", c2["metadata"]["name"])
+    source.add(make_claim("replaced-uid", name=c1["metadata"]["name"]))  # c1 deleted and recreated
+    await build(tmp_path, source, backend).start()
+    assert entries(tmp_path) == {}
+    assert not (tmp_path / "cdi").exists() or not any((tmp_path / "cdi").iterdir())
+    assert backend.prepared == {}
+
+
+async def test_rebuilt_claims_are_kept_unverified_when_the_api_is_down(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source, backend = await prepared(tmp_path, make_claim(U1))
+    (tmp_path / "state" / "checkpoint.json").write_bytes(b"{torn")
+    source.down = True
+    await build(tmp_path, source, backend).start()
+    assert set(entries(tmp_path)) == {U1}
+    assert spec(tmp_path, U1).exists()
+    assert "keeping a claim rebuilt from its CDI spec unverified" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"---\ncdiVersion: 0.5.0\n", "no claim record (written by an older agent)"),
+        (b"---\n\xb8\xff\n", "not UTF-8"),
+        (b'---\n# dra-agent claim: {"uid": "someone-else"}\n', "does not name the claim of the spec file"),
+        (b'---\n# dra-agent claim: {"uid": "%s"}\n' % U2.encode(), "malformed claim record"),
+        (
+            b'---\n# dra-agent claim: {"uid": "%s", "namespace": "n", "name": "c", '
+            b'"state": "PrepareStarted", "devices": []}\n' % U2.encode(),
+            "not a prepared claim",
+        ),
+    ],
+    ids=["no-record", "garbage", "other-uid", "malformed", "not-completed"],
+)
+async def test_specs_without_a_usable_record_are_reported_and_removed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, content: bytes, why: str
+) -> None:
+    source, backend = await prepared(tmp_path, make_claim(U1))
+    spec(tmp_path, U2).write_bytes(content)
+    (tmp_path / "state" / "checkpoint.json").write_bytes(b"{torn")
+    events = FakeEvents()
+    await build(tmp_path, source, backend, events=events).start()
+    assert set(entries(tmp_path)) == {U1}
+    assert not spec(tmp_path, U2).exists()
+    assert "1 spec(s) without a usable claim record are removed" in events.recorded[0][1]
+    logged = [r.fields for r in caplog.records if r.getMessage().startswith("cannot rebuild a claim")]  # type: ignore[attr-defined]
+    assert [f["uid"] for f in logged] == [U2]
+    assert why in str(logged[0]["error"])
+    assert_invariants(tmp_path)
+
+
+async def test_corruption_seen_twice_in_one_second_keeps_both_files(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    for content in (b"{first", b"{second"):
+        (tmp_path / "state" / "checkpoint.json").write_bytes(content)
+        await build(tmp_path, FakeClaimSource(), FakeBackend(), clock=FrozenClock()).start()
+    aside = sorted(p.read_bytes() for p in (tmp_path / "state").glob("checkpoint.json.corrupt-*"))
+    assert aside == [b"{first", b"{second"]
 
 
 async def test_event_failure_does_not_stop_start(tmp_path: Path) -> None:
@@ -270,6 +389,34 @@ async def test_with_the_fake_backend_package(tmp_path: Path) -> None:
     assert await restarted.unprepare([ref_of(claim)]) == {U1: ""}
     assert not path.exists()
     assert backend.prepared == {}
+
+
+async def test_corrupt_checkpoint_with_the_fake_backend_package(tmp_path: Path) -> None:
+    """The record in a real backend's spec (device nodes, env, shared device) rebuilds the entry."""
+    from agent.core.backend import BackendOptions
+    from backends.fake import create_backend
+
+    backend: Any = create_backend(BackendOptions(NODE, settings={"profile": "mixed", "control": "off"}))[0]
+    device = (await backend.discover())[0].name
+    results = [
+        {"request": "gpu", "driver": backend.driver_name, "pool": NODE, "device": device, "shareID": "s-1"}
+    ]
+    claim = make_claim(U1, driver=backend.driver_name, results=results)
+    source = FakeClaimSource([claim])
+
+    state = build(tmp_path, source, backend, driver=backend.driver_name)
+    await state.start()
+    first = (await state.prepare([ref_of(claim)]))[U1]
+    path = tmp_path / "cdi" / f"k8s.{backend.driver_name}-claim_{U1}.yaml"
+    written = path.read_bytes()
+    checkpoint = tmp_path / "state" / "checkpoint.json"
+    recorded = decode(checkpoint.read_bytes()).entries
+    checkpoint.write_bytes(checkpoint.read_bytes().replace(b"PrepareCompleted", b"PrepareCompletes"))
+    restarted = build(tmp_path, source, backend, driver=backend.driver_name)
+    await restarted.start()
+    assert decode(checkpoint.read_bytes()).entries == recorded
+    assert path.read_bytes() == written
+    assert (await restarted.prepare([ref_of(claim)]))[U1] == first
 
 
 async def test_orphan_spec_that_cannot_be_removed_does_not_stop_start(

@@ -51,9 +51,17 @@ BackendFactory = Callable[..., NvidiaBackend]
 
 @pytest.fixture
 def make_backend(tmp_path: Path, sysfs: Path, fake_clock: FakeClock) -> BackendFactory:
-    """``make_backend(fake, **settings)``: a backend on the fake NVML with test roots."""
+    """``make_backend(fake, **settings)``: a backend on the fake NVML with test roots.
 
-    def factory(nvml: FakeNvml, driver_name: str | None = None, **settings: str) -> NvidiaBackend:
+    The host's filesystem is ``tmp_path/host`` (setting ``host-root``) unless a test says otherwise;
+    device nodes are read from ``tmp_path/dev`` unless ``real_dev_dir`` (then: as the backend finds them).
+    """
+
+    def factory(
+        nvml: FakeNvml, driver_name: str | None = None, *, real_dev_dir: bool = False, **settings: str
+    ) -> NvidiaBackend:
+        # The host is a test tree: never the machine's own /etc/cdi, /var/run/cdi or libraries.
+        settings.setdefault("host_root", str(tmp_path / "host"))
         options = BackendOptions("node-1", driver_name, {k.replace("_", "-"): v for k, v in settings.items()})
         return NvidiaBackend(
             options,
@@ -61,7 +69,7 @@ def make_backend(tmp_path: Path, sysfs: Path, fake_clock: FakeClock) -> BackendF
             clock=fake_clock,
             sysfs_root=sysfs,
             proc_root=tmp_path / "proc",
-            dev_root=tmp_path / "dev",
+            dev_root=None if real_dev_dir else tmp_path / "dev",
         )
 
     return factory

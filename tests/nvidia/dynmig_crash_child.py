@@ -29,7 +29,11 @@ CLAIM = ClaimRef("default", "claim-1", "uid-1")
 
 
 def main(hardware: Path, journal_dir: Path, kill_at: str, actions: list[str]) -> None:
-    fake = MigNvml([dynamic_gpu("NVIDIA A100-SXM4-80GB", 0)])
+    root = journal_dir.parent
+    (root / "dev").mkdir(parents=True, exist_ok=True)
+    for node in ("nvidiactl", "nvidia0"):
+        (root / "dev" / node).touch()
+    fake = MigNvml([dynamic_gpu("NVIDIA A100-SXM4-80GB", 0)], proc_root=root / "proc", dev_root=root / "dev")
     gpu = fake.gpus[0]
     if hardware.exists():
         gpu.migs = [FakeMig(**item) for item in json.loads(hardware.read_text())]
@@ -52,12 +56,16 @@ def main(hardware: Path, journal_dir: Path, kill_at: str, actions: list[str]) ->
             os.kill(os.getpid(), signal.SIGKILL)
 
     MigJournal.put = put_then_maybe_die  # type: ignore[method-assign]
-    root = journal_dir.parent
     backend = NvidiaBackend(
         BackendOptions(
             "node-1",
             None,
-            {"cdi-mode": "toolkit", "dynamic-mig": "true", "dynamic-mig-dir": str(journal_dir)},
+            {
+                "cdi-mode": "own",
+                "host-root": str(root / "host"),
+                "dynamic-mig": "true",
+                "dynamic-mig-dir": str(journal_dir),
+            },
         ),
         nvml_module=fake.module,
         sysfs_root=root / "sys",

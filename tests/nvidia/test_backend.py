@@ -29,7 +29,9 @@ def test_entry_point_creates_one_backend() -> None:
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"cdi-mode": "magic"}, "own or toolkit"),
+        ({"cdi-mode": "magic"}, "expected auto, own, toolkit"),
+        ({"host-root": "host"}, "host-root: expected an absolute path"),
+        ({"cdi-hook-path": "nvidia-cdi-hook"}, "cdi-hook-path: expected an absolute path"),
         ({"colour": "blue"}, "one of driver, cdi-mode"),
         ({"driver-root": "run/nvidia"}, "absolute path"),
         ({"ignored-xids": "a,b"}, "XID numbers"),

@@ -25,9 +25,18 @@ PLACEMENT = "gpu-0-mig-3g40gb-9-4"
 
 
 @pytest.fixture
-def nvml() -> MigNvml:
-    """Dynamic A100-80GB and H100, an A100 with an admin's MIG layout, an H100 with MIG off, an L4."""
-    return MigNvml([dynamic_gpu(A100, 0), dynamic_gpu(H100, 1), a100_mig(2), h100(3), l4(4)])
+def nvml(tmp_path: Path) -> MigNvml:
+    """Dynamic A100-80GB and H100, an A100 with an admin's MIG layout, an H100 with MIG off, an L4.
+
+    The driver's device nodes are in ``tmp_path/dev`` (the backend's), its capability files in
+    ``tmp_path/proc``; the fake NVML adds those of the MIG devices it creates.
+    """
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidiactl", "nvidia0", "nvidia1"):
+        (dev / name).touch()
+    gpus = [dynamic_gpu(A100, 0), dynamic_gpu(H100, 1), a100_mig(2), h100(3), l4(4)]
+    return MigNvml(gpus, proc_root=tmp_path / "proc", dev_root=dev)
 
 
 @pytest.fixture
@@ -36,7 +45,7 @@ def journal_dir(tmp_path: Path) -> Path:
 
 
 def backend_on(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path, mode: str = "toolkit"
+    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path, mode: str = "own"
 ) -> NvidiaBackend:
     return make_backend(nvml, cdi_mode=mode, dynamic_mig="true", dynamic_mig_dir=str(journal_dir))
 
@@ -102,6 +111,8 @@ async def test_prepare_creates_and_unprepare_destroys(
     [mig] = gpu.migs
     assert (mig.profile_id, mig.start, mig.size) == (9, 4, 4) and mig.ci_id == 0
     assert edits.env["NVIDIA_VISIBLE_DEVICES"] == mig.uuid
+    # The CDI edits give the new MIG device's capability nodes (GPU instance and compute instance).
+    assert sum("/dev/nvidia-caps/" in n.path for n in edits.device_nodes) == 2
     assert [e.step for e in journal(journal_dir).entries()] == [PREPARED]
     # Idempotent, and our own MIG device keeps the GPU partitionable.
     assert await backend.prepare(PLACEMENT, CLAIM) == edits and len(gpu.migs) == 1
@@ -150,12 +161,12 @@ async def test_a_failure_at_each_nvml_step_rolls_back(
 async def test_failed_edits_destroy_the_new_mig_device(
     make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
 ) -> None:
-    backend = backend_on(
-        make_backend, nvml, journal_dir, mode="own"
-    )  # no MIG capability files in the test /proc
+    backend = backend_on(make_backend, nvml, journal_dir)
     await backend.start()
     await backend.discover()
-    with pytest.raises(BackendError, match=r"nvidia0|capability"):
+    assert nvml.dev_root is not None
+    (nvml.dev_root / "nvidiactl").unlink()  # the edits need it: they fail after the MIG device exists
+    with pytest.raises(BackendError, match=r"nvidiactl"):
         await backend.prepare(PLACEMENT, CLAIM)
     assert nvml.gpus[0].migs == [] and journal(journal_dir).entries() == []
 

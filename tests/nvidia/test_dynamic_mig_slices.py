@@ -12,6 +12,7 @@ counter rules, so `_check_1_34` adds them here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -30,10 +31,12 @@ from agent.core.model import Device
 from agent.core.quantity import Quantity
 from agent.emulator.slice_rules import resource_slice
 from agent.emulator.validation import Rules
-from agent.kube.slices import build_pool, semantic_device
+from agent.kube.pool import build_pool
+from agent.kube.slices import semantic_device
 from backends.fake import create_backend
 from backends.fake.migtables import A100_40GB, A100_80GB, H100_80GB, layout_for
 from backends.nvidia.migprofiles import MigLayout, dynamic_devices, gpu_counters
+from tests.kube.harness import DRIVER, harness
 
 JSON = dict[str, Any]
 GATES = {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
@@ -99,7 +102,8 @@ def pool(devices: Sequence[Device], minor: int | None) -> list[JSON]:
         node_uid="",
         devices=devices,
         taints={},
-        server_minor=minor,
+        minor=minor,
+        max_devices=128 if minor is not None and minor < 35 else 64,  # the 64 limit came with 1.35
     )
 
 
@@ -248,3 +252,24 @@ def test_a_changed_consumption_is_a_change_for_the_publisher() -> None:
         "consumesCounters": [{"counterSet": "s", "counters": {"memory-slice-1": {"value": "1"}}}],
     }
     assert semantic_device(entry) == semantic_device(same) != semantic_device(moved)
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.36"])
+async def test_the_publisher_writes_the_pool_for_the_served_release_and_then_nothing(version: str) -> None:
+    devices = [dataclasses.replace(d, driver=DRIVER) for d in await anyio.to_thread.run_sync(fake_devices)]
+    gates = {"DRADeviceTaints": True, "DRAPartitionableDevices": True}
+    async with harness(version=version, gates=gates, devices=devices) as h:
+        await h.settle(lambda: len(h.devices()) == len(devices))
+        slices = h.slices()
+        assert validate(slices, version) == []
+        assert sum(len(s["spec"].get("sharedCounters", [])) for s in slices) == 6
+        h.emu.reset_writes()
+        assert (await h.publisher.reconcile()).writes == 0
+        # A GPU handed to an administrator's static layout: its counter set and placements go.
+        static = [d for d in devices if not d.name.startswith("gpu-0")]
+        h.inventory.set_devices(static)
+        await h.settle(lambda: len(h.devices()) == len(static) and validate(h.slices(), version) == [])
+        assert validate(h.slices(), version) == []
+        assert "gpu-0-counters" not in {
+            c["name"] for s in h.slices() for c in s["spec"].get("sharedCounters", [])
+        }

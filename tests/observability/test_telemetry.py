@@ -27,7 +27,7 @@ def labels(i: int) -> dict[str, str]:
         "driver": DRIVER,
         "pool": NODE,
         "device": f"gpu-{i}",
-        "uuid": f"GPU-{i:08x}",
+        "UUID": f"GPU-{i:08x}",
         "pci_bus_id": f"0000:{i + 1:02x}:00.0",
         "product": "Example GPU 80GB",
     }

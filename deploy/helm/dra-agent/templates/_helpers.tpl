@@ -52,7 +52,7 @@ app.kubernetes.io/part-of: dra-agent
 {{- $specs := list -}}
 {{- with .Values.backends.nvidia -}}
 {{- if .enabled -}}
-{{- $settings := merge (dict "driver" .driverName "driver-root" .driverRoot) (deepCopy .settings) -}}
+{{- $settings := merge (dict "driver" .driverName "driver-root" .driverRoot "host-root" "/host") (deepCopy .settings) -}}
 {{- $specs = append $specs (printf "nvidia:%s" (include "dra-agent.settings" $settings)) -}}
 {{- end -}}
 {{- end -}}
@@ -89,4 +89,24 @@ app.kubernetes.io/part-of: dra-agent
 {{- $classes = append $classes (dict "name" .name "driver" .driver "type" (default "" .type)) -}}
 {{- end -}}
 {{- toJson (dict "items" $classes) -}}
+{{- end -}}
+
+{{/* The DRA driver names the agent serves, as a CEL list literal (the fake backend's built-in
+profiles use gpu.nvidia.com and gpu.amd.com unless backends.fake.driverName is set). */}}
+{{- define "dra-agent.driverNamesCel" -}}
+{{- $names := list -}}
+{{- if .Values.backends.nvidia.enabled -}}{{- $names = append $names .Values.backends.nvidia.driverName -}}{{- end -}}
+{{- if .Values.backends.amd.enabled -}}{{- $names = append $names .Values.backends.amd.driverName -}}{{- end -}}
+{{- with .Values.backends.fake -}}
+{{- if .enabled -}}
+{{- if .driverName -}}
+{{- $names = append $names .driverName -}}
+{{- else -}}
+{{- $names = concat $names (list "gpu.nvidia.com" "gpu.amd.com") -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $quoted := list -}}
+{{- range $names | uniq -}}{{- $quoted = append $quoted (printf "'%s'" .) -}}{{- end -}}
+[{{ join ", " $quoted }}]
 {{- end -}}

@@ -1,0 +1,89 @@
+"""What a container gets for a fake device: environment and a mounted JSON file, never a device node.
+
+The fake backend runs in clusters without GPUs (kind-based CI): a CDI spec naming ``/dev/nvidia*``
+or ``/dev/kfd`` makes the runtime stat host nodes that do not exist, and the pod never starts. So
+the edits carry only what a test can check inside the container:
+
+- ``FAKE_VISIBLE_DEVICES``: the claim's device names, comma-separated (and, as the real backends set
+  it, ``NVIDIA_VISIBLE_DEVICES`` with the fake UUIDs for NVIDIA profiles);
+- a read-only JSON file per device at ``/run/dra-fake/<driver>/<device>.json`` describing the device,
+  the claim and the device nodes a real backend would have given. The agent writes it at prepare
+  under its state directory (a host path, the same inside the agent's container) and removes it at
+  unprepare.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from agent.core.backend import ClaimRef
+from agent.core.model import Device
+
+VISIBLE_DEVICES = "FAKE_VISIBLE_DEVICES"
+NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+CONTAINER_DIR = "/run/dra-fake"
+_GPU_MINOR = re.compile(r"^gpu-(\d+)")
+
+
+def container_path(driver: str, device: str) -> str:
+    """Where the container finds the description of `device`."""
+    return f"{CONTAINER_DIR}/{driver}/{device}.json"
+
+
+def host_path(root: Path, claim: ClaimRef, device: str) -> Path:
+    """Where the agent writes the description of `device` for `claim` (``root`` is per driver)."""
+    return root / claim.uid / f"{device}.json"
+
+
+def real_device_nodes(device: Device, vendor: str) -> list[str]:
+    """The device nodes the vendor's real backend would give (described, never injected)."""
+    if vendor == "nvidia":
+        match = _GPU_MINOR.match(device.parent or device.name)
+        minor = int(match.group(1)) if match else 0
+        nodes = [f"/dev/nvidia{minor}", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        if device.attributes.get("type") == "mig":
+            nodes.append(f"/dev/nvidia-caps/nvidia-cap{minor * 9 + 1}")
+        return nodes
+    if vendor == "amd":
+        render = device.attributes.get("renderIndex", 128)
+        card = device.attributes.get("cardIndex", 0)
+        return ["/dev/kfd", f"/dev/dri/renderD{render}", f"/dev/dri/card{card}"]
+    return []
+
+
+def describe(device: Device, vendor: str, claim: ClaimRef) -> dict[str, Any]:
+    """The JSON document a container reads for `device`."""
+    return {
+        "driver": device.driver,
+        "device": device.name,
+        "vendor": vendor,
+        "uuid": device.uuid,
+        "parent": device.parent,
+        "claim": {"namespace": claim.namespace, "name": claim.name, "uid": claim.uid},
+        "attributes": {
+            k: v if isinstance(v, bool | int | str) else str(v) for k, v in sorted(device.attributes.items())
+        },
+        "capacity": {k: str(v) for k, v in sorted(device.capacity.items())},
+        "realDeviceNodes": real_device_nodes(device, vendor),
+    }
+
+
+def write_device_file(path: Path, document: dict[str, Any]) -> None:
+    """Write `document` at `path` atomically, readable by any container user (blocking)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_text(json.dumps(document, indent=2) + "\n")
+    temp.chmod(0o644)
+    os.replace(temp, path)
+
+
+def remove_device_file(path: Path) -> None:
+    """Remove the file and its claim directory once empty (blocking; missing is fine)."""
+    path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # other devices of the claim remain, or it is gone already
+        path.parent.rmdir()

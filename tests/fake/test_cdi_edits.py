@@ -1,0 +1,112 @@
+"""Fake backend edits run in a real container runtime without GPUs: environment and a mounted file
+describing the device, never a host device node (a runtime stats every node a CDI spec names).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.claims.cdi import CdiDevice, build_claim_spec, cdi_device_name
+from agent.core.backend import BackendOptions, ClaimRef, Mount
+from agent.core.errors import BackendError, ConfigError
+from backends.fake import create_backend
+from backends.fake.backend import FakeBackend
+from tests.fake.helpers import make_backends
+from tests.support.cdi_check import cdi_problems
+
+CLAIM = ClaimRef("default", "claim-a", "uid-a")
+RO = ("ro", "nosuid", "nodev", "bind")
+
+
+async def test_nvidia_gpu_and_mig_get_environment_and_a_device_file(tmp_path: Path) -> None:
+    (backend,), _ = make_backends("nvidia-a100-8x", device_files=str(tmp_path))
+    edits = await backend.prepare("gpu-3", CLAIM)
+    assert await backend.prepare("gpu-3", CLAIM) is edits  # idempotent
+    assert edits.device_nodes == ()
+    assert edits.env["FAKE_VISIBLE_DEVICES"] == "gpu-3"
+    assert edits.env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+    assert edits.list_env == {"FAKE_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"}
+    path = tmp_path / "gpu.nvidia.com" / "uid-a" / "gpu-3.json"
+    assert edits.mounts == (Mount(str(path), "/run/dra-fake/gpu.nvidia.com/gpu-3.json", RO),)
+    described = json.loads(path.read_text())
+    assert described["device"] == "gpu-3" and described["driver"] == "gpu.nvidia.com"
+    assert described["uuid"] == edits.env["NVIDIA_VISIBLE_DEVICES"]
+    assert described["claim"] == {"namespace": "default", "name": "claim-a", "uid": "uid-a"}
+    assert described["realDeviceNodes"][:2] == ["/dev/nvidia3", "/dev/nvidiactl"]
+    assert described["attributes"]["type"] == "gpu"
+    assert path.stat().st_mode & 0o777 == 0o644
+    mig = await backend.prepare("gpu-7-mig-1g10gb-19-2", CLAIM)
+    assert mig.device_nodes == () and mig.env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+    mig_described = json.loads(
+        (tmp_path / "gpu.nvidia.com" / "uid-a" / "gpu-7-mig-1g10gb-19-2.json").read_text()
+    )
+    assert any(n.startswith("/dev/nvidia-caps/") for n in mig_described["realDeviceNodes"])
+    await backend.unprepare("gpu-3", CLAIM)
+    await backend.unprepare("gpu-3", CLAIM)  # idempotent
+    assert not path.exists() and ("uid-a", "gpu-3") not in backend.prepared
+    await backend.unprepare("gpu-7-mig-1g10gb-19-2", CLAIM)
+    assert not (tmp_path / "gpu.nvidia.com" / "uid-a").exists()  # the claim's directory goes too
+
+
+async def test_amd_partition_describes_its_nodes_without_injecting_them(tmp_path: Path) -> None:
+    (backend,), _ = make_backends("amd-mi300x-8x-cpx", device_files=str(tmp_path))
+    edits = await backend.prepare("gpu-9-136", CLAIM)
+    assert edits.device_nodes == ()
+    assert dict(edits.env) == {"FAKE_VISIBLE_DEVICES": "gpu-9-136"}
+    described = json.loads((tmp_path / "gpu.amd.com" / "uid-a" / "gpu-9-136.json").read_text())
+    assert described["realDeviceNodes"] == ["/dev/kfd", "/dev/dri/renderD136", "/dev/dri/card9"]
+
+
+async def test_a_claims_spec_has_no_device_nodes_and_passes_the_cdi_schema(tmp_path: Path) -> None:
+    (backend,), _ = make_backends("nvidia-a100-8x", device_files=str(tmp_path))
+    devices = [
+        CdiDevice(cdi_device_name(CLAIM.uid, name), await backend.prepare(name, CLAIM))
+        for name in ("gpu-0", "gpu-1")
+    ]
+    spec = build_claim_spec(backend.driver_name, devices)
+    assert cdi_problems(spec) == []
+    edits = [d["containerEdits"] for d in spec["devices"]]
+    assert all("deviceNodes" not in e for e in edits)
+    assert "FAKE_VISIBLE_DEVICES=gpu-0,gpu-1" in edits[0]["env"]
+    assert [e["mounts"][0]["containerPath"] for e in edits] == [
+        "/run/dra-fake/gpu.nvidia.com/gpu-0.json",
+        "/run/dra-fake/gpu.nvidia.com/gpu-1.json",
+    ]
+    assert all(map(os.path.isfile, [e["mounts"][0]["hostPath"] for e in edits]))
+
+
+async def test_files_go_under_the_agents_state_dir_by_default(tmp_path: Path) -> None:
+    options = BackendOptions("n", settings={"profile": "mixed", "control": "off"}, state_dir=tmp_path)
+    backends = [b for b in create_backend(options) if isinstance(b, FakeBackend)]
+    assert len(backends) == 2
+    for backend in backends:
+        device = (await backend.discover())[0].name
+        edits = await backend.prepare(device, CLAIM)
+        assert edits.mounts[0].host_path == str(
+            tmp_path / "fake-devices" / backend.driver_name / "uid-a" / f"{device}.json"
+        )
+    # No state directory (a library user) or device_files=off: the environment only.
+    for settings, state_dir in (({}, None), ({"device_files": "off"}, tmp_path)):
+        options = BackendOptions("n", settings={"control": "off", **settings}, state_dir=state_dir)
+        edits = await create_backend(options)[0].prepare("gpu-0", CLAIM)
+        assert edits.mounts == () and edits.device_nodes == () and edits.env
+
+
+def test_device_files_must_be_absolute() -> None:
+    with pytest.raises(ConfigError, match="device_files: expected an absolute directory or off"):
+        make_backends(device_files="state/fake")
+
+
+async def test_a_device_file_that_cannot_be_written_or_removed_fails_clearly(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("in the way")
+    (backend, _), _ = make_backends(device_files=str(blocker))
+    with pytest.raises(BackendError, match=r"cannot write the device file .*gpu-0\.json: .*device_files"):
+        await backend.prepare("gpu-0", CLAIM)
+    assert ("uid-a", "gpu-0") not in backend.prepared
+    with pytest.raises(BackendError, match=r"cannot remove the device file .*gpu-0\.json: "):
+        await backend.unprepare("gpu-0", CLAIM)
