@@ -3,7 +3,8 @@
 For 8 A100-80GB and 8 H100-80GB in MIG mode: the NVIDIA backend's start and discovery (profiles
 and placements read through the fake `pynvml`), and the ResourceSlices built from that for 1.36
 and 1.34. Then prepare/unprepare of one dynamic MIG device (GPU instance + compute instance
-creation, four journal writes with fsync to a disk directory, CDI edits; then destruction). The
+creation, four journal writes with fsync to a disk directory, the own-mode CDI edits of the new
+MIG device; then destruction). The
 fake NVML answers at once: the driver's own create/destroy time on real hardware is not included.
 
 Run: ``python -m benchmarks.dynamic_mig_bench`` (``--quick`` for fewer rounds).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import tempfile
@@ -23,7 +25,7 @@ from typing import Any
 import anyio
 
 from agent.core.backend import BackendOptions, ClaimRef
-from agent.kube.slices import build_pool
+from agent.kube.pool import build_pool
 from backends.nvidia import NvidiaBackend
 from tests.fakes.fake_pynvml import MigNvml, dynamic_gpu
 
@@ -32,7 +34,12 @@ MODELS = {"A100-SXM4-80GB": "NVIDIA A100-SXM4-80GB", "H100 80GB HBM3": "NVIDIA H
 
 
 def backend(fake: MigNvml, root: Path) -> NvidiaBackend:
-    settings = {"cdi-mode": "toolkit", "dynamic-mig": "true", "dynamic-mig-dir": str(root / "state")}
+    settings = {
+        "cdi-mode": "own",
+        "host-root": str(root / "host"),
+        "dynamic-mig": "true",
+        "dynamic-mig-dir": str(root / "state"),
+    }
     return NvidiaBackend(
         BackendOptions("bench-node", None, settings),
         nvml_module=fake.module,
@@ -62,7 +69,13 @@ async def publish_row(model: str, product: str, root: Path, rounds: int) -> list
         slices = build_pool(driver=nv.driver_name, node_name="n", node_uid="", devices=devices, taints={})
         t3 = time.perf_counter()
         old = build_pool(
-            driver=nv.driver_name, node_name="n", node_uid="", devices=devices, taints={}, server_minor=34
+            driver=nv.driver_name,
+            node_name="n",
+            node_uid="",
+            devices=devices,
+            taints={},
+            minor=34,
+            max_devices=128,
         )
         t4 = time.perf_counter()
         await nv.stop()
@@ -84,8 +97,15 @@ async def publish_row(model: str, product: str, root: Path, rounds: int) -> list
 
 
 async def prepare_rows(root: Path, rounds: int) -> list[list[str]]:
-    fake = MigNvml([dynamic_gpu(MODELS["A100-SXM4-80GB"], 0)])
-    nv = backend(fake, root / "prepare")
+    where = root / "prepare"
+    (where / "dev").mkdir(parents=True)
+    for node in ("nvidiactl", "nvidia0"):
+        (where / "dev" / node).touch()
+    # The fake driver writes the new MIG device's capability file and node, which the edits read.
+    fake = MigNvml(
+        [dynamic_gpu(MODELS["A100-SXM4-80GB"], 0)], proc_root=where / "proc", dev_root=where / "dev"
+    )
+    nv = backend(fake, where)
     await nv.start()
     await nv.discover()
     prepares, unprepares = [], []
@@ -111,6 +131,8 @@ async def prepare_rows(root: Path, rounds: int) -> list[list[str]]:
 
 
 async def main(quick: bool) -> None:
+    # The test trees have no driver libraries: the backend's warnings about that are not the point.
+    logging.getLogger("agent.backends.nvidia").setLevel(logging.ERROR)
     rounds = 3 if quick else 10
     # A disk directory, as /var/lib/dra-agent is on a node: the journal's fsyncs count.
     with tempfile.TemporaryDirectory(prefix="dynmig-bench-", dir=DISK_DIR) as tmp:

@@ -108,12 +108,8 @@ class DynamicMig:
         if (gpu.uuid, message) in self._said:
             return
         self._said.add((gpu.uuid, message))
-        log.info(
-            message,
-            extra=log_fields(gpu=gpu.uuid, minor=gpu.minor, hint=hint)
-            if hint
-            else log_fields(gpu=gpu.uuid, minor=gpu.minor),
-        )
+        hints = {"hint": hint} if hint else {}
+        log.info(message, extra=log_fields(gpu=gpu.uuid, minor=gpu.minor, **hints))
 
     def _foreign_instances(self, gpu: GpuInfo) -> set[int]:
         ours = {e.gi_id for e in self.journal.entries() if e.gpu_uuid == gpu.uuid and e.gi_id is not None}
