@@ -50,6 +50,14 @@ def backend_on(
     return make_backend(nvml, cdi_mode=mode, dynamic_mig="true", dynamic_mig_dir=str(journal_dir))
 
 
+async def started(make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path) -> NvidiaBackend:
+    """A started dynamic-MIG backend that has discovered the GPUs."""
+    backend = backend_on(make_backend, nvml, journal_dir)
+    await backend.start()
+    await backend.discover()
+    return backend
+
+
 def journal(journal_dir: Path) -> MigJournal:
     loaded = MigJournal(journal_dir / "dynamic-mig-gpu.nvidia.com.json")
     loaded.load()
@@ -103,9 +111,7 @@ async def test_discovery_publishes_each_gpu_as_it_can(
 async def test_prepare_creates_and_unprepare_destroys(
     make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
 ) -> None:
-    backend = backend_on(make_backend, nvml, journal_dir)
-    await backend.start()
-    await backend.discover()
+    backend = await started(make_backend, nvml, journal_dir)
     gpu = nvml.gpus[0]
     edits = await backend.prepare(PLACEMENT, CLAIM)
     [mig] = gpu.migs
@@ -145,9 +151,7 @@ STEPS = [
 async def test_a_failure_at_each_nvml_step_rolls_back(
     make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path, step: str
 ) -> None:
-    backend = backend_on(make_backend, nvml, journal_dir)
-    await backend.start()
-    await backend.discover()
+    backend = await started(make_backend, nvml, journal_dir)
     nvml.fail_once(step, int(real.NVML_ERROR_UNKNOWN))
     with pytest.raises(DynamicMigError) as raised:
         await backend.prepare(PLACEMENT, CLAIM)
@@ -161,9 +165,7 @@ async def test_a_failure_at_each_nvml_step_rolls_back(
 async def test_failed_edits_destroy_the_new_mig_device(
     make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
 ) -> None:
-    backend = backend_on(make_backend, nvml, journal_dir)
-    await backend.start()
-    await backend.discover()
+    backend = await started(make_backend, nvml, journal_dir)
     assert nvml.dev_root is not None
     (nvml.dev_root / "nvidiactl").unlink()  # the edits need it: they fail after the MIG device exists
     with pytest.raises(BackendError, match=r"nvidiactl"):
@@ -174,9 +176,7 @@ async def test_failed_edits_destroy_the_new_mig_device(
 async def test_a_failed_rollback_is_finished_by_the_next_start(
     make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
 ) -> None:
-    backend = backend_on(make_backend, nvml, journal_dir)
-    await backend.start()
-    await backend.discover()
+    backend = await started(make_backend, nvml, journal_dir)
     gpu = nvml.gpus[0]
     nvml.fail(gpu.uuid, "nvmlGpuInstanceCreateComputeInstance", int(real.NVML_ERROR_INSUFFICIENT_RESOURCES))
     nvml.fail(gpu.uuid, "nvmlGpuInstanceDestroy", int(real.NVML_ERROR_IN_USE))
@@ -192,9 +192,7 @@ async def test_a_failed_rollback_is_finished_by_the_next_start(
 async def test_a_placement_taken_by_hand_is_a_claim_error_and_left_alone(
     make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
 ) -> None:
-    backend = backend_on(make_backend, nvml, journal_dir)
-    await backend.start()
-    await backend.discover()
+    backend = await started(make_backend, nvml, journal_dir)
     lib, gpu = nvml.module, nvml.gpus[0]
     where = real.c_nvmlGpuInstancePlacement_t()
     where.start, where.size = 4, 4
@@ -209,9 +207,7 @@ async def test_a_placement_taken_by_hand_is_a_claim_error_and_left_alone(
 async def test_a_gpu_taken_out_of_mig_mode_fails_the_claim_cleanly(
     make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
 ) -> None:
-    backend = backend_on(make_backend, nvml, journal_dir)
-    await backend.start()
-    await backend.discover()
+    backend = await started(make_backend, nvml, journal_dir)
     nvml.gpus[0].mig_mode = (0, 0)
     with pytest.raises(DynamicMigError, match="GPU left MIG mode"):
         await backend.prepare(PLACEMENT, CLAIM)
@@ -230,9 +226,7 @@ async def test_a_damaged_journal_stops_the_start_with_a_fix(
 async def test_mig_placements_follow_their_gpu_health_with_one_monitor(
     make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
 ) -> None:
-    backend = backend_on(make_backend, nvml, journal_dir)
-    await backend.start()
-    await backend.discover()
+    backend = await started(make_backend, nvml, journal_dir)
     await backend.prepare(PLACEMENT, CLAIM)
     sink = Sink()
     gpu = nvml.gpus[0]
@@ -253,9 +247,7 @@ async def test_mig_placements_follow_their_gpu_health_with_one_monitor(
 async def test_unprepare_follows_the_journal_even_when_the_gpu_turned_static(
     make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
 ) -> None:
-    backend = backend_on(make_backend, nvml, journal_dir)
-    await backend.start()
-    await backend.discover()
+    backend = await started(make_backend, nvml, journal_dir)
     await backend.prepare(PLACEMENT, CLAIM)
     await backend.stop()
     lib, gpu = nvml.module, nvml.gpus[0]
@@ -276,9 +268,7 @@ async def test_unprepare_follows_the_journal_even_when_the_gpu_turned_static(
 async def test_unprepare_of_a_gpu_that_is_gone_forgets_it(
     make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
 ) -> None:
-    backend = backend_on(make_backend, nvml, journal_dir)
-    await backend.start()
-    await backend.discover()
+    backend = await started(make_backend, nvml, journal_dir)
     await backend.prepare(PLACEMENT, CLAIM)
     nvml.gpus[0].lost = True
     await backend.discover()
