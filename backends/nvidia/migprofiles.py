@@ -17,9 +17,8 @@ thread). The device names and attributes are those of the static MIG devices of 
 from __future__ import annotations
 
 import ctypes
-import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -27,8 +26,6 @@ from agent.core.model import AttributeValue, CounterConsumption, CounterSet, Dev
 from agent.core.quantity import Quantity
 from backends.nvidia.discovery import MIB, GpuInfo, mig_device_name, mig_profile_name
 from backends.nvidia.nvml import Nvml, text
-
-log = logging.getLogger("agent.backends.nvidia")
 
 ENGINES = (
     ("decoders", "decoders"),
@@ -140,15 +137,8 @@ def dynamic_devices(
     """
     set_name = counter_set_name(minor)
     totals = gpu_counters(layout)
-    gpu_device = Device(
-        name=whole.name,
-        driver=whole.driver,
-        attributes=whole.attributes,
-        capacity=whole.capacity,
-        uuid=whole.uuid,
-        pci_bus_id=whole.pci_bus_id,
-        product=whole.product,
-        parent=whole.parent,
+    gpu_device = replace(
+        whole,
         consumes_counters=(CounterConsumption(set_name, totals),),
         counter_sets=(CounterSet(set_name, totals),),
     )
