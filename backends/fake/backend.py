@@ -49,6 +49,7 @@ from agent.core.errors import BackendError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device, Severity
 from backends.fake import devicefile
+from backends.fake.dynamicmig import FakeDynamicMig
 
 log = logging.getLogger("agent.fake")
 
@@ -125,8 +126,10 @@ class FakeBackend:
         prepare_faults: PrepareFaults | None = None,
         clock: Clock | None = None,
         device_files: Path | None = None,
+        partitions: FakeDynamicMig | None = None,
     ) -> None:
         self._driver = driver_name
+        self._partitions = partitions
         self._device_files = device_files
         self._devices = {d.name: d for d in devices}
         self._vendor = vendor
@@ -250,6 +253,8 @@ class FakeBackend:
                 f"fake backend {self._driver}: injected prepare failure for device {device!r} "
                 "(backend settings prepare_fail / prepare_fail_rate)"
             )
+        if self._partitions is not None and device in self._partitions.placements:
+            self._partitions.create(device, claim.uid)
         mounts: tuple[Mount, ...] = ()
         if self._device_files is not None:
             path = devicefile.host_path(self._device_files, claim, device)
@@ -268,6 +273,8 @@ class FakeBackend:
         return edits
 
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
+        if self._partitions is not None:
+            self._partitions.destroy(device, claim.uid)
         self.prepared.pop((claim.uid, device), None)
         if self._device_files is not None:
             path = devicefile.host_path(self._device_files, claim, device)

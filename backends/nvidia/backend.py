@@ -20,6 +20,7 @@ from agent.core.model import Device, check_driver_name
 from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT
 from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
 from backends.nvidia.driverfiles import DEFAULT_HOOK_PATH, DriverFiles, HostView, find_driver_files
+from backends.nvidia.dynamicmig import DynamicMig, gpu_handles_sync
 from backends.nvidia.edits import (
     AUTO,
     CDI_MODES,
@@ -32,6 +33,7 @@ from backends.nvidia.edits import (
     toolkit_edits,
 )
 from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState, XidPolicy
+from backends.nvidia.migjournal import MigJournal
 from backends.nvidia.nvml import Nvml, load_pynvml
 from backends.nvidia.telemetry import read_telemetry_sync
 from backends.nvidia.toolkitspec import ToolkitDevices, ToolkitSpecReader
@@ -49,7 +51,10 @@ SETTINGS = (
     "telemetry-interval",
     "health-wait-ms",
     "recovery-interval",
+    "dynamic-mig",
+    "dynamic-mig-dir",
 )
+DEFAULT_DYNAMIC_MIG_DIR = "/var/lib/dra-agent"
 
 
 def _path_setting(settings: Mapping[str, str], key: str, default: str) -> str:
@@ -109,6 +114,12 @@ class NvidiaBackend:
         self._telemetry_interval = _float_setting(settings, "telemetry-interval", 0.0, 0.0)
         self._wait_ms = int(_float_setting(settings, "health-wait-ms", 500, 10))
         self._recovery_interval = _float_setting(settings, "recovery-interval", 5.0, 0.0)
+        dynamic = (settings.get("dynamic-mig") or "false").lower()
+        if dynamic not in ("true", "false"):
+            raise ConfigError("nvidia setting dynamic-mig", dynamic, "true or false")
+        journal_dir = Path(_path_setting(settings, "dynamic-mig-dir", DEFAULT_DYNAMIC_MIG_DIR))
+        self._journal_path = journal_dir / f"dynamic-mig-{self._driver}.json" if dynamic == "true" else None
+        self._dynamic: DynamicMig | None = None
         self._module = nvml_module
         self._call_timeout = call_timeout
         self._nvml: Nvml | None = None
@@ -163,6 +174,12 @@ class NvidiaBackend:
         nvml = Nvml(module, self._driver_root, self._call_timeout)
         await nvml.run(nvml.init_sync)
         self._nvml = nvml
+        if self._journal_path is not None:
+            journal = MigJournal(self._journal_path)
+            await anyio.to_thread.run_sync(journal.load)
+            self._dynamic = DynamicMig(nvml, journal)
+            handles = await nvml.run(gpu_handles_sync, nvml)
+            await nvml.run(self._dynamic.reconcile_sync, handles)
         await self._choose_cdi_mode()
 
     async def _choose_cdi_mode(self) -> None:
@@ -232,7 +249,7 @@ class NvidiaBackend:
     async def discover(self) -> Sequence[Device]:
         nvml = self._lib()
         try:
-            discovery = await nvml.run(discover_sync, nvml, self._driver, self._sysfs_root)
+            discovery = await nvml.run(discover_sync, nvml, self._driver, self._sysfs_root, self._dynamic)
         except Exception as error:
             if nvml.is_error(error):
                 raise BackendError(
@@ -301,14 +318,21 @@ class NvidiaBackend:
         if key in self._prepared:
             return self._prepared[key]
         nv = self._device(device)
+        placement = self._dynamic.placements.get(device) if self._dynamic is not None else None
+        if self._dynamic is not None and placement is not None:
+            # The MIG device is created first; its edits are those of a static MIG device.
+            edits = await self._dynamic.prepare(placement, claim.uid, nv, self._edits_for)
+        else:
+            edits = await self._edits_for(nv)
+        self._prepared[key] = edits
+        log.info("prepared device", extra=log_fields(device=device, claim=claim.uid, mode=self._active_mode))
+        return edits
+
+    async def _edits_for(self, nv: NvDevice) -> ContainerEdits:
         mode = await self._mode_for(nv)
         if mode == TOOLKIT:
-            edits = toolkit_edits(nv)
-        else:
-            edits = await anyio.to_thread.run_sync(own_edits, nv, self._edits, self._files)
-        self._prepared[key] = edits
-        log.info("prepared device", extra=log_fields(device=device, claim=claim.uid, mode=mode))
-        return edits
+            return toolkit_edits(nv)
+        return await anyio.to_thread.run_sync(own_edits, nv, self._edits, self._files)
 
     async def _mode_for(self, device: NvDevice) -> str:
         """The mode that serves `device` now: the toolkit's spec is checked at every prepare."""
@@ -337,7 +361,11 @@ class NvidiaBackend:
         return mode
 
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
-        # Nothing on the GPU changes when preparing, so nothing to undo.
+        # Only a dynamic MIG device changes the GPU when prepared; the others have nothing to undo.
+        if self._dynamic is not None:
+            # The journal, not the current discovery, says which GPU holds the claim's MIG device.
+            gpus = {g.uuid: g.handle for g in (await self._ensure_discovered()).gpus}
+            await self._dynamic.unprepare(device, claim.uid, gpus)
         self._prepared.pop((claim.uid, device), None)
 
     async def telemetry(self) -> Sequence[DeviceTelemetry]:
@@ -346,8 +374,11 @@ class NvidiaBackend:
         now = self._clock.monotonic()
         if self._telemetry_at is not None and now - self._telemetry_at < self._telemetry_interval:
             return list(self._telemetry_cache)
+        placements = self._dynamic.placements if self._dynamic is not None else {}
+        # A MIG placement is no device until prepared: its GPU reports for it.
+        devices = [d for d in discovery.devices if d.name not in placements]
         readings = await nvml.run(
-            read_telemetry_sync, nvml, discovery.devices, dict(self._health.last_xid), self._clock.time()
+            read_telemetry_sync, nvml, devices, dict(self._health.last_xid), self._clock.time()
         )
         self._telemetry_cache, self._telemetry_at = readings, now
         return readings
