@@ -25,6 +25,8 @@ from agent.core.inventory import Inventory
 from agent.core.logs import log_fields
 from agent.health.tracker import HealthTracker
 from agent.observe.metrics import Metrics
+from agent.observe.readiness import Readiness
+from agent.observe.telemetry import MonitorLiveness
 
 log = logging.getLogger("agent.app")
 
@@ -113,8 +115,10 @@ class Agent:
         metrics: Metrics | None = None,
         clock: Clock | None = None,
         parts: PartsFactory | None = None,
+        readiness: Readiness | None = None,
     ) -> None:
         self.config = config
+        self.readiness = readiness
         self.clock = clock or SystemClock()
         self.metrics = metrics or Metrics()
         self.backends = list(backends) if backends is not None else create_backends(config)
@@ -162,9 +166,11 @@ class Agent:
 
     def _start_driver(self, tg: TaskGroup, runtime: DriverRuntime) -> None:
         driver = runtime.driver
+        # ``monitor/<driver>`` and the monitor's last-seen gauge follow the health monitor itself.
+        liveness = MonitorLiveness(driver, self.metrics, self.clock, self.readiness)
 
         async def monitor() -> None:
-            await runtime.backend.monitor_health(runtime.tracker.handle)
+            await liveness.run(runtime.backend.monitor_health, runtime.tracker.handle)
 
         async def rediscover() -> None:
             while True:
@@ -173,6 +179,7 @@ class Agent:
 
         parts: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("health-monitor", monitor),
+            ("health-liveness", liveness.watch),
             ("health-tracker", runtime.tracker.run),
             ("rediscovery", rediscover),
         ]

@@ -22,6 +22,7 @@ from agent.config import OPTIONS, AgentConfig, build_config
 from agent.core.errors import AgentError, ConfigError
 from agent.core.logs import setup_logging
 from agent.core.model import Device
+from agent.core.vendorcall import exit_if_vendor_calls_hung
 from agent.explain import command as explain_command
 from agent.kube.slices import attribute_to_api
 
@@ -141,6 +142,12 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dra-agent`` console script."""
+    code = _main(argv)
+    exit_if_vendor_calls_hung(code)  # else the interpreter waits forever for a wedged driver call
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -238,10 +238,13 @@ async def run_agent(config: AgentConfig) -> None:
     backends = create_backends(config)
     kube = await connect_kube(config)
     try:
+        readiness = Readiness()
         parts = AgentParts(
-            config, kube=kube, metrics=metrics, readiness=Readiness(), clock=clock, policy=policy
+            config, kube=kube, metrics=metrics, readiness=readiness, clock=clock, policy=policy
         )
-        await run_until_signal(Agent(config, backends=backends, metrics=metrics, clock=clock, parts=parts))
+        await run_until_signal(
+            Agent(config, backends=backends, metrics=metrics, clock=clock, parts=parts, readiness=readiness)
+        )
     finally:
         if kube is not None:
             await kube.close()

@@ -21,6 +21,7 @@ BENCHMARKS = [
     ("benchmarks.scrape_bench", False),
     ("benchmarks.nvidia_bench", True),
     ("benchmarks.amd_bench", False),
+    ("benchmarks.dynamic_mig_bench", True),
 ]
 
 

@@ -31,13 +31,16 @@ from agent.kube.slices import (
     MAX_DEVICES_PER_SLICE_WITH_TAINTS,
     build_slice,
     chunk_names,
+    counter_set_to_api,
     device_names,
     device_to_api,
+    partitionable_layout,
+    semantic_counters,
     semantic_device,
 )
 from agent.kube.validation import Problem, partition_entries
 
-_NOT_NODE_LOCAL = ("nodeSelector", "allNodes", "perDeviceNodeSelection", "sharedCounters")
+_NOT_NODE_LOCAL = ("nodeSelector", "allNodes", "perDeviceNodeSelection")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ class DesiredPool:
     problems: tuple[Problem, ...] = ()
     taints: Mapping[str, Sequence[DeviceTaint]] = field(default_factory=dict)
     """The taints that are in `chunks`, by device (valid devices only)."""
+    counters: tuple[tuple[dict[str, Any], ...], ...] = ()
+    """The ``sharedCounters`` of each slice (as many as `chunks`), or () for a pool without them."""
 
 
 @dataclass(frozen=True)
@@ -81,10 +86,13 @@ def desired_pool(
     support: ClusterTaintSupport,
     api_version: str = "v1",
     max_devices: int = MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+    minor: int | None = None,
 ) -> DesiredPool:
     """Device entries in `api_version`'s shape, checked against the server's rules, in slices.
 
-    A device that breaks a rule is left out (a problem) so that the others still publish.
+    A device that breaks a rule is left out (a problem) so that the others still publish. A pool
+    with shared counters (partitionable devices) is laid out for the served release `minor`
+    (`partitionable_layout`; None: the newest rules).
     """
     entries: list[dict[str, Any]] = []
     problems: list[Problem] = []
@@ -95,15 +103,31 @@ def desired_pool(
             problems.append(Problem(str(getattr(device, "name", "?")), "device", str(error), "conversion"))
     valid, rejected = partition_entries(entries, support)
     by_name = {str(e["name"]): dict(e) for e in valid}
-    chunks = tuple(tuple(by_name[n] for n in chunk) for chunk in chunk_names(list(by_name), max_devices))
     published = {n: taints[n] for n in by_name if taints.get(n)}
+    if any(d.counter_sets or d.consumes_counters for d in devices):
+        layout = partitionable_layout([d for d in devices if d.name in by_name], max_devices, minor)
+        return DesiredPool(
+            tuple(tuple(by_name[n] for n in names) for _, names in layout),
+            (*problems, *rejected),
+            published,
+            tuple(tuple(counter_set_to_api(c) for c in sets) for sets, _ in layout),
+        )
+    chunks = tuple(tuple(by_name[n] for n in chunk) for chunk in chunk_names(list(by_name), max_devices))
     return DesiredPool(chunks, (*problems, *rejected), published)
 
 
 def plan_pool(
-    current: Sequence[Mapping[str, Any]], chunks: Sequence[Sequence[Mapping[str, Any]]], target: PoolTarget
+    current: Sequence[Mapping[str, Any]],
+    chunks: Sequence[Sequence[Mapping[str, Any]]],
+    target: PoolTarget,
+    counters: Sequence[Sequence[Mapping[str, Any]]] = (),
 ) -> PoolPlan:
-    """The writes that turn `current` (our driver's slices on this node) into `chunks`."""
+    """The writes that turn `current` (our driver's slices on this node) into `chunks`.
+
+    `counters` are the ``sharedCounters`` of each slice (`DesiredPool.counters`); a slice then
+    matches on its counter set names as well as its device names.
+    """
+    shared = list(counters) or [()] * len(chunks)
     ours = [s for s in current if _pool(s).get("name") == target.node_name]
     obsolete = [s for s in current if _pool(s).get("name") != target.node_name]
     generation = max((_generation(s) for s in ours), default=0)
@@ -123,6 +147,7 @@ def plan_pool(
                     if i not in matched
                     and len(chunk) == len(slice_obj.get("spec", {}).get("devices") or [])
                     and names == {str(e["name"]) for e in chunk}
+                    and _set_names(slice_obj) == {str(c.get("name")) for c in shared[i]}
                 ),
                 None,
             )
@@ -135,7 +160,7 @@ def plan_pool(
     changed = {
         i
         for i, slice_obj in matched.items()
-        if _differs(slice_obj, chunks[i], target, generation=generation, count=count)
+        if _differs(slice_obj, chunks[i], target, generation=generation, count=count, counters=shared[i])
     }
     new = [i for i in range(count) if i not in matched]
     if new or len(changed) > 1:
@@ -152,6 +177,7 @@ def plan_pool(
             slice_count=count,
             api_version=target.api_version,
             current=current_slice,
+            shared_counters=shared[i],
         )
 
     return PoolPlan(
@@ -172,22 +198,32 @@ def build_pool(
     support: ClusterTaintSupport | None = None,
     api_version: str = "v1",
     max_devices: int = MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+    minor: int | None = None,
 ) -> list[dict[str, Any]]:
-    """The slices the publisher would create for `devices` in an empty cluster (``--kube none``)."""
+    """The slices the publisher would create for `devices` in an empty cluster (``--kube none``).
+
+    `minor` is the served release (34 for 1.34), which decides where shared counters go.
+    """
     desired = desired_pool(
         devices,
         taints,
         support=support or ClusterTaintSupport(),
         api_version=api_version,
         max_devices=max_devices,
+        minor=minor,
     )
     target = PoolTarget(driver, node_name, node_uid, api_version)
-    return list(plan_pool([], desired.chunks, target).creates)
+    return list(plan_pool([], desired.chunks, target, desired.counters).creates)
 
 
 def _pool(slice_obj: Mapping[str, Any]) -> Mapping[str, Any]:
     pool = slice_obj.get("spec", {}).get("pool")
     return pool if isinstance(pool, Mapping) else {}
+
+
+def _set_names(slice_obj: Mapping[str, Any]) -> set[str]:
+    sets = slice_obj.get("spec", {}).get("sharedCounters") or []
+    return {str(c.get("name")) for c in sets if isinstance(c, Mapping)}
 
 
 def _generation(slice_obj: Mapping[str, Any]) -> int:
@@ -204,6 +240,7 @@ def _differs(
     *,
     generation: int,
     count: int,
+    counters: Sequence[Mapping[str, Any]] = (),
 ) -> bool:
     spec = current.get("spec", {})
     pool = _pool(current)
@@ -212,6 +249,7 @@ def _differs(
         != (target.node_name, generation, count)
         or spec.get("nodeName") != target.node_name
         or any(spec.get(k) for k in _NOT_NODE_LOCAL)
+        or semantic_counters(spec.get("sharedCounters")) != semantic_counters(list(counters))
     ):
         return True
     # Beyond the Go controller: our label, and the owner (a re-created Node has a new uid).

@@ -37,7 +37,7 @@ from agent.kube.client import KubeClient
 from agent.kube.events import EventQueue, EventRecorder
 from agent.kube.pool import PoolPlan, PoolTarget, desired_pool, plan_pool
 from agent.kube.report import PoolReport
-from agent.kube.slices import flat_device
+from agent.kube.slices import flat_device, server_minor
 from agent.kube.validation import check_slice_spec
 from agent.observe.metrics import Metrics
 
@@ -416,11 +416,12 @@ class SlicePublisher:
             support=caps.taint_support,
             api_version=info.slice_version,
             max_devices=caps.max_devices_per_slice,
+            minor=server_minor(info.git_version),
         )
         self._report.rejected(desired.problems)
         current, _ = await self._kube.list_resource_slices(node_name=self._node, driver=self.driver)
         target = PoolTarget(self.driver, self._node, node_uid, info.slice_version)
-        plan = plan_pool(current, desired.chunks, target)
+        plan = plan_pool(current, desired.chunks, target, desired.counters)
         stored = await self._apply(plan)
         published = desired.taints
         dropped = _taints_dropped(plan, stored) if desired.taints else ""

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.core.errors import QuantityError
-from agent.core.model import Device, Version
+from agent.core.model import MAX_COUNTER_SETS_PER_SLICE, CounterSet, Device, Version
 from agent.core.quantity import Quantity
 from agent.health.taints import DeviceTaint
 
@@ -66,6 +66,11 @@ def device_to_api(
         body["capacity"] = {
             _strip(k, device.driver): {"value": q.canonical()} for k, q in sorted(device.capacity.items())
         }
+    if device.consumes_counters:
+        body["consumesCounters"] = [
+            {"counterSet": c.counter_set, "counters": _counters_to_api(c.counters)}
+            for c in device.consumes_counters
+        ]
     if taints:
         body["taints"] = [taint_to_api(t) for t in taints]
     if api_version == "v1beta1":
@@ -127,7 +132,27 @@ def semantic_device(entry: Mapping[str, Any]) -> tuple[Any, ...]:
         ),
         tuple(sorted((str(k), _quantity_key(v)) for k, v in capacity.items())),
         tuple(sorted(taint_identity(t) for t in taints if isinstance(t, Mapping))),
+        _consumption_key(flat.get("consumesCounters") or []),
     )
+
+
+def _consumption_key(consumptions: Any) -> tuple[Any, ...]:
+    """``consumesCounters`` (or ``sharedCounters``) by value, so a moved MIG placement is a change."""
+    if not isinstance(consumptions, list):
+        return ()
+    return tuple(
+        (
+            str(c.get("counterSet", c.get("name"))),
+            tuple(sorted((str(k), _quantity_key(v)) for k, v in (c.get("counters") or {}).items())),
+        )
+        for c in consumptions
+        if isinstance(c, Mapping)
+    )
+
+
+def semantic_counters(counter_sets: Any) -> tuple[Any, ...]:
+    """A comparable form of ``spec.sharedCounters`` (quantities by value)."""
+    return _consumption_key(counter_sets or [])
 
 
 def device_names(slice_obj: Mapping[str, Any]) -> frozenset[str]:
@@ -181,6 +206,7 @@ def build_slice(
     slice_count: int,
     api_version: str = "v1",
     current: Mapping[str, Any] | None = None,
+    shared_counters: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """One ResourceSlice of our pool (named after the node), owned by the Node.
 
@@ -198,7 +224,7 @@ def build_slice(
     metadata["ownerReferences"] = [
         {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
     ]
-    return {
+    slice_obj: dict[str, Any] = {
         "apiVersion": f"{API_GROUP}/{api_version}",
         "kind": "ResourceSlice",
         "metadata": metadata,
@@ -209,3 +235,125 @@ def build_slice(
             "devices": [dict(e) for e in entries],
         },
     }
+    if shared_counters:
+        slice_obj["spec"]["sharedCounters"] = [dict(c) for c in shared_counters]
+        if not entries:
+            # From 1.35 a slice holds counters or devices; an empty list counts as set.
+            del slice_obj["spec"]["devices"]
+    return slice_obj
+
+
+# -- partitionable devices (DRAPartitionableDevices, KEP-4815) ---------------------------------
+
+MAX_SHARED_COUNTERS_1_34 = 32
+"""1.33/1.34 ``ResourceSliceMaxSharedCounters``: counters in all the counter sets of a slice."""
+MAX_DEVICE_COUNTERS_PER_SLICE_1_34 = 1024
+"""1.33/1.34 ``ResourceSliceMaxDeviceCountersPerSlice``: counters consumed by all devices of a slice."""
+SEPARATE_COUNTERS_FROM = 35
+"""From 1.35 ``sharedCounters`` and ``devices`` may not share a slice."""
+
+
+def server_minor(git_version: str) -> int | None:
+    """34 for ``v1.34.2`` (None when the version cannot be read)."""
+    match = re.match(r"^v?1\.(\d+)", git_version or "")
+    return int(match.group(1)) if match else None
+
+
+def _counters_to_api(counters: Mapping[str, Quantity]) -> dict[str, Any]:
+    return {k: {"value": q.canonical()} for k, q in sorted(counters.items())}
+
+
+def counter_set_to_api(counter_set: CounterSet) -> dict[str, Any]:
+    """One entry of ``spec.sharedCounters``."""
+    return {"name": counter_set.name, "counters": _counters_to_api(counter_set.counters)}
+
+
+def offer_order(devices: Sequence[Device]) -> list[Device]:
+    """Devices grouped by hardware (``parent``), the whole device first, then its partitions by
+    name in reverse natural order.
+
+    The scheduler allocates the first device that fits, in slice order (verified on 1.36). MIG
+    placement names end with their start (``gpu-0-mig-3g40gb-9-4``), so offering the last start
+    first packs partitions from the end and keeps the low placements free for the next claims: a
+    3g.40gb then takes memory slices 4-7 of an A100 and two 2g.20gb still fit at 0 and 2.
+    """
+    by_name = sorted(devices, key=lambda d: _natural_key(d.name), reverse=True)
+    return sorted(by_name, key=lambda d: (_natural_key(d.parent or d.name), bool(d.parent)))
+
+
+def partitionable_layout(
+    devices: Sequence[Device], max_devices: int, minor: int | None
+) -> list[tuple[list[CounterSet], list[str]]]:
+    """(counter sets, device names) of each slice of a pool with shared counters.
+
+    From 1.35 (upstream ``validateResourceSliceSpec``: "only one of `sharedCounters` or `devices`
+    is allowed"), counter sets go in slices of their own (8 each, ``ResourceSliceMaxCounterSets``)
+    and devices in slices of at most 64 (``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters``),
+    one piece of hardware per slice where it fits. In 1.33 and 1.34 a device may only consume a
+    set of its own slice: each set goes with its consumers, sets sharing a slice while it stays
+    within 32 shared counters, `max_devices` devices and 1024 consumed counters; devices that
+    consume nothing follow in plain slices.
+    """
+    sets = [s for d in devices for s in d.counter_sets]
+    if minor is None or minor >= SEPARATE_COUNTERS_FROM:
+        layout: list[tuple[list[CounterSet], list[str]]] = [
+            (sets[i : i + MAX_COUNTER_SETS_PER_SLICE], [])
+            for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+        ]
+        return layout + [([], names) for names in _by_hardware(devices, min(max_devices, 64))]
+    return _shared_layout(sets, devices, max_devices)
+
+
+def _by_hardware(devices: Sequence[Device], limit: int) -> list[list[str]]:
+    groups: dict[str, list[str]] = {}
+    for device in offer_order(devices):
+        groups.setdefault(device.parent or device.name, []).append(device.name)
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    for group in groups.values():
+        if current and len(current) + len(group) > limit:
+            chunks.append(current)
+            current = []
+        for name in group:  # a group larger than a slice is split
+            if len(current) == limit:
+                chunks.append(current)
+                current = []
+            current.append(name)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _consumed(device: Device) -> int:
+    return sum(len(c.counters) for c in device.consumes_counters)
+
+
+def _shared_layout(
+    sets: Sequence[CounterSet], devices: Sequence[Device], max_devices: int
+) -> list[tuple[list[CounterSet], list[str]]]:
+    consumers: dict[str, list[Device]] = {s.name: [] for s in sets}
+    plain: list[Device] = []
+    for device in offer_order(devices):
+        named = [c.counter_set for c in device.consumes_counters if c.counter_set in consumers]
+        if named:
+            consumers[named[0]].append(device)
+        else:
+            plain.append(device)
+    groups: list[tuple[list[CounterSet], list[Device]]] = []
+    for counter_set in sets:
+        members = consumers[counter_set.name]
+        if groups:
+            last_sets, last_devices = groups[-1]
+            if (
+                sum(len(s.counters) for s in last_sets) + len(counter_set.counters)
+                <= MAX_SHARED_COUNTERS_1_34
+                and len(last_devices) + len(members) <= max_devices
+                and sum(_consumed(d) for d in [*last_devices, *members]) <= MAX_DEVICE_COUNTERS_PER_SLICE_1_34
+            ):
+                last_sets.append(counter_set)
+                last_devices.extend(members)
+                continue
+        groups.append(([counter_set], list(members)))
+    layout = [(group_sets, [d.name for d in members]) for group_sets, members in groups]
+    names = [d.name for d in plain]
+    return layout + [([], names[i : i + max_devices]) for i in range(0, len(names), max_devices)]

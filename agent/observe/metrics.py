@@ -243,7 +243,7 @@ class Metrics:
         )
         self.monitor_last_seen = Gauge(
             "dra_agent_health_monitor_last_seen_timestamp_seconds",
-            "Unix time the backend's health monitor (or its telemetry) last answered.",
+            "Unix time the backend's health monitor last answered.",
             ("driver",),
             registry=r,
         )

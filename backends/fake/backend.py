@@ -42,12 +42,14 @@ from agent.core.backend import (
     HealthEvent,
     HealthSink,
     Mount,
+    report_alive,
 )
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device, Severity
 from backends.fake import devicefile
+from backends.fake.dynamicmig import FakeDynamicMig
 
 log = logging.getLogger("agent.fake")
 
@@ -69,6 +71,7 @@ APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 UNKNOWN_CONDITION = (Severity.WARNING, ConditionKind.EVENT)
 MAX_QUEUED_EVENTS = 100_000
+ALIVE_INTERVAL_SECONDS = 5.0  # how often an idle monitor says it still runs
 _CONDITION_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
@@ -123,8 +126,10 @@ class FakeBackend:
         prepare_faults: PrepareFaults | None = None,
         clock: Clock | None = None,
         device_files: Path | None = None,
+        partitions: FakeDynamicMig | None = None,
     ) -> None:
         self._driver = driver_name
+        self._partitions = partitions
         self._device_files = device_files
         self._devices = {d.name: d for d in devices}
         self._vendor = vendor
@@ -192,8 +197,10 @@ class FakeBackend:
                 event = self._queue[0]
                 await sink(event)
                 self._queue.popleft()  # only once delivered: a failed sink sees it again on restart
+            report_alive(sink)
             self._wake = anyio.Event()
-            await self._wake.wait()
+            with anyio.move_on_after(ALIVE_INTERVAL_SECONDS):
+                await self._wake.wait()
 
     async def _serve_control(self) -> None:
         try:
@@ -246,6 +253,8 @@ class FakeBackend:
                 f"fake backend {self._driver}: injected prepare failure for device {device!r} "
                 "(backend settings prepare_fail / prepare_fail_rate)"
             )
+        if self._partitions is not None and device in self._partitions.placements:
+            self._partitions.create(device, claim.uid)
         mounts: tuple[Mount, ...] = ()
         if self._device_files is not None:
             path = devicefile.host_path(self._device_files, claim, device)
@@ -264,6 +273,8 @@ class FakeBackend:
         return edits
 
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
+        if self._partitions is not None:
+            self._partitions.destroy(device, claim.uid)
         self.prepared.pop((claim.uid, device), None)
         if self._device_files is not None:
             path = devicefile.host_path(self._device_files, claim, device)

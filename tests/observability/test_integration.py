@@ -43,7 +43,7 @@ async def test_scrape_shows_polled_telemetry_and_readiness_follows_the_checks() 
                 assert response.status == 503
                 body = await response.text()
                 assert f"[-] registered/{DRIVER}: not reported yet" in body
-                assert f"[+] monitor/{DRIVER}" in body
+                assert f"[+] telemetry/{DRIVER}" in body
             readiness.set(f"registered/{DRIVER}", True)
             async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
                 assert response.status == 200
