@@ -287,7 +287,6 @@ class KubeClient:
             raise
         served = [str(v.get("version")) for v in group.get("versions", []) if isinstance(v, dict)]
         resources: dict[str, set[str]] = {}
-
         errors: list[KubeApiError] = []
 
         async def list_version(v: str) -> None:
