@@ -14,7 +14,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.config import AgentConfig
+from agent.config import OPTIONS, AgentConfig
 from agent.core.errors import ConfigError
 from agent.observe.httpserver import parse_address
 
@@ -27,15 +27,18 @@ class AgentDir:
     path: Path
 
 
+def option_name(flag: str) -> str:
+    """``--state-dir ($DRA_AGENT_STATE_DIR)``: in a pod the value comes from the environment."""
+    env = next(o.env for o in OPTIONS if o.flag == flag)
+    return f"{flag} (${env})"
+
+
 def agent_dirs(config: AgentConfig) -> tuple[AgentDir, ...]:
     """Every directory `config` makes the agent write."""
-    dirs = [AgentDir("--cdi-root", config.cdi_root), AgentDir("--state-dir", config.state_dir)]
+    dirs = [("--cdi-root", config.cdi_root), ("--state-dir", config.state_dir)]
     if config.serve_kubelet:
-        dirs += [
-            AgentDir("--registry-dir", config.registry_dir),
-            AgentDir("--plugins-dir", config.plugins_dir),
-        ]
-    return tuple(dirs)
+        dirs += [("--registry-dir", config.registry_dir), ("--plugins-dir", config.plugins_dir)]
+    return tuple(AgentDir(option_name(flag), path) for flag, path in dirs)
 
 
 def check_dir(entry: AgentDir) -> None:
@@ -83,7 +86,7 @@ def check_metrics_address(address: str) -> None:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as error:
         raise ConfigError(
-            "--metrics-address",
+            option_name("--metrics-address"),
             address,
             f"HOST:PORT with a host this node resolves ({error.strerror}); 0.0.0.0 listens everywhere",
         ) from None
@@ -97,7 +100,7 @@ def check_metrics_address(address: str) -> None:
                 probe.bind(sockaddr)
             except OSError as error:
                 raise ConfigError(
-                    "--metrics-address",
+                    option_name("--metrics-address"),
                     address,
                     f"a free HOST:PORT ({sockaddr[0]} port {port}: {error.strerror or error}; another "
                     "process listens there: pick another port)",
