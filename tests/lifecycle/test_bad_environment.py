@@ -104,10 +104,13 @@ async def test_each_bad_environment_is_one_line_and_exit_2(
             directory.mkdir(parents=True, exist_ok=True)
         named = breakage(node, env)
         before = snapshot(node)
-        done = await anyio.run_process(
-            spec.argv, env={**pod.environment(), **env}, cwd=str(pod.cwd), check=False
-        )
-        results[case] = (done.returncode, done.stderr.decode(), f"{flag}|{named}", before, snapshot(node))
+        code, stderr = -1, "did not exit within 30 s (a part restarting forever?)"
+        with anyio.move_on_after(30):  # cancelling run_process kills the agent
+            done = await anyio.run_process(
+                spec.argv, env={**pod.environment(), **env}, cwd=str(pod.cwd), check=False
+            )
+            code, stderr = done.returncode, done.stderr.decode()
+        results[case] = (code, stderr, f"{flag}|{named}", before, snapshot(node))
 
     async with anyio.create_task_group() as tg:
         for case in CASES:

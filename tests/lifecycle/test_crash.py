@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import grpc
+import pytest
 
 from agent.emulator import KubeApiEmulator
 from tests.kubelet.grpc_support import V1, grpcio_protos, grpcio_unary
@@ -66,49 +67,41 @@ async def test_kill_9_during_prepare_then_the_kubelet_retry_succeeds(
     try:
         await until(lambda: pool_slices(emu, NVIDIA), "the pool")
         dra_socket = Path(await pods[0].register(NVIDIA))
-        claim = allocated_claim(emu)
-        uid = claim["metadata"]["uid"]
+        uid = allocated_claim(emu)["metadata"]["uid"]
         pb = grpcio_protos().v1
-        request = pb.NodePrepareResourcesRequest(
-            claims=[pb.Claim(namespace="default", name="train", uid=uid)]
-        )
+        ref = pb.Claim(namespace="default", name="train", uid=uid)
 
         async def prepare() -> Any:
+            request = pb.NodePrepareResourcesRequest(claims=[ref])
             return await grpcio_unary(
                 dra_socket, V1 + "NodePrepareResources", request, pb.NodePrepareResourcesResponse, 20.0
             )
 
+        async def interrupted_prepare() -> None:
+            with pytest.raises(grpc.aio.AioRpcError):  # the agent died under the call
+                await prepare()
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(prepare)
+            tg.start_soon(interrupted_prepare)
             # The checkpoint records PrepareStarted before the backend is called.
-            await until(
-                lambda: uid in "".join(p.read_text() for p in state.rglob("checkpoint.json")), "the start"
-            )
+            await until(lambda: uid in checkpoints(state), "PrepareStarted in the checkpoint")
             pods[0].kill()
-        # (the grpcio call fails with UNAVAILABLE; the task group would re-raise it)
-    except* grpc.aio.AioRpcError:
-        pass
-    try:
-        restarted = AgentPod(spec, root / "second.log").start()
-        pods.append(restarted)
-        await restarted.register(NVIDIA)
-        answer = await grpcio_unary(
-            dra_socket, V1 + "NodePrepareResources", request, pb.NodePrepareResourcesResponse, 20.0
-        )
-        result = answer.claims[uid]
+
+        # The kubelet restarts the container (same pod UID) and retries the prepare.
+        pods.append(AgentPod(spec, root / "second.log").start())
+        await pods[1].register(NVIDIA)
+        result = (await prepare()).claims[uid]
         assert result.error == "", result.error
         assert list(result.devices[0].cdi_device_ids) == [f"k8s.{NVIDIA}/claim={uid}-{DEVICE}"]
         assert [p.name for p in cdi_root.iterdir()] == [f"k8s.{NVIDIA}-claim_{uid}.yaml"]
 
-        unprepare = pb.NodeUnprepareResourcesRequest(
-            claims=[pb.Claim(namespace="default", name="train", uid=uid)]
-        )
+        unprepare = pb.NodeUnprepareResourcesRequest(claims=[ref])
         undone = await grpcio_unary(
             dra_socket, V1 + "NodeUnprepareResources", unprepare, pb.NodeUnprepareResourcesResponse
         )
         assert undone.claims[uid].error == ""
         assert list(cdi_root.iterdir()) == [], "an orphaned CDI spec"
-        assert "Traceback" not in restarted.log()
+        assert "Traceback" not in pods[1].log()
     finally:
         for pod in pods:
             pod.kill()
