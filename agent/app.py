@@ -44,7 +44,9 @@ def create_backend_set(config: AgentConfig) -> tuple[list[Backend], frozenset[st
     optional: set[str] = set()
     for spec in config.backends:
         factory = load_backend_factory(spec.name)
-        created = factory(BackendOptions(config.node_name, spec.driver_name, spec.backend_settings))
+        created = factory(
+            BackendOptions(config.node_name, spec.driver_name, spec.backend_settings, config.state_dir)
+        )
         backends.extend(created)
         if spec.optional:
             optional.update(b.driver_name for b in created)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from agent.core.errors import BackendNotFoundError
@@ -166,6 +167,8 @@ class BackendOptions:
     node_name: str
     driver_name: str | None = None
     settings: Mapping[str, str] = field(default_factory=dict)
+    state_dir: Path | None = None
+    """Where the backend may keep what must survive an agent restart (None: nowhere)."""
 
 
 class BackendFactory(Protocol):

@@ -15,8 +15,9 @@ from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device
 from backends.amd.discovery import DEFAULT_DRIVER_NAME, Discovery, Sysfs, build_devices, read_processors
+from backends.amd.eccstate import ECC_STATE_FILE, boot_id, load_ecc_counts, save_ecc_counts
 from backends.amd.edits import StatFn, container_edits
-from backends.amd.health import HealthMonitor, HealthSettings
+from backends.amd.health import EccCounts, HealthMonitor, HealthSettings
 from backends.amd.smi import SmiLibrary, check_module, describe, handle_key, import_amdsmi, init_error
 from backends.amd.telemetry import read_telemetry
 
@@ -86,6 +87,9 @@ class AmdBackend:
         self._warned: set[str] = set()
         self._logged_empty = False
         self._devices_changed: anyio.Event | None = None
+        self._ecc_path = options.state_dir / self._driver / ECC_STATE_FILE if options.state_dir else None
+        self._ecc_seen: EccCounts = {}
+        self._boot = ""
 
     @property
     def driver_name(self) -> str:
@@ -112,6 +116,9 @@ class AmdBackend:
 
         await lib.run(init)
         self._lib = lib
+        if self._ecc_path is not None:
+            self._boot = await anyio.to_thread.run_sync(boot_id)
+            self._ecc_seen = await anyio.to_thread.run_sync(load_ecc_counts, self._ecc_path, self._boot)
         log.info("amdsmi initialized", extra=log_fields(driver=self._driver))
 
     async def stop(self) -> None:
@@ -169,12 +176,31 @@ class AmdBackend:
             # loss): watch the new set from then on.
             changed = self._devices_changed = anyio.Event()
             entries = list(self._discovery.entries.values())
-            monitor = HealthMonitor(self._library(), entries, self._clock, self._health_settings)
+            monitor = HealthMonitor(
+                self._library(), entries, self._clock, self._health_settings, ecc_seen=self._ecc_seen
+            )
             async with anyio.create_task_group() as tg:
                 tg.start_soon(monitor.run, sink)
+                tg.start_soon(self._keep_ecc_counts)
                 await changed.wait()
                 tg.cancel_scope.cancel()
             log.info("devices changed; restarting health monitoring", extra=log_fields(driver=self._driver))
+
+    async def _keep_ecc_counts(self) -> None:
+        """Save the ECC counts when they change, so a restarted agent does not take them as a baseline."""
+        if self._ecc_path is None:
+            await anyio.sleep_forever()
+            return
+        saved: EccCounts = {}
+        while True:
+            if self._ecc_seen != saved:
+                snapshot = {k: dict(v) for k, v in self._ecc_seen.items()}
+                try:
+                    await anyio.to_thread.run_sync(save_ecc_counts, self._ecc_path, self._boot, snapshot)
+                    saved = snapshot
+                except OSError as error:
+                    log.warning("cannot save the ECC counts", extra=log_fields(error=str(error)))
+            await self._clock.sleep(self._health_settings.poll_interval)
 
     async def prepare(self, device: str, claim: ClaimRef) -> ContainerEdits:
         """Edits for /dev/kfd and the device's DRM nodes, read from the host now."""

@@ -90,6 +90,10 @@ class RasReading:
     cper_supported: bool = True
 
 
+EccCounts = dict[str, dict[str, int]]
+"""Uncorrectable ECC counts by GPU key and RAS block, as last read."""
+
+
 @dataclass
 class _GpuState:
     ecc: dict[str, int] = field(default_factory=dict)
@@ -216,8 +220,11 @@ class HealthMonitor:
         entries: Sequence[DeviceEntry],
         clock: Clock,
         settings: HealthSettings = HealthSettings(),
+        ecc_seen: EccCounts | None = None,
     ) -> None:
         self._lib = lib
+        # Counts an earlier agent process of this boot read: errors since then are new, not a baseline.
+        self._ecc_seen = ecc_seen if ecc_seen is not None else {}
         self._clock = clock
         self._settings = settings
         self._groups: dict[str, list[DeviceEntry]] = {}
@@ -225,7 +232,7 @@ class HealthMonitor:
         for entry in entries:
             self._groups.setdefault(entry.gpu_key, []).append(entry)
             self._by_handle[handle_key(entry.handle)] = entry
-        self._state: dict[str, _GpuState] = {key: _GpuState() for key in self._groups}
+        self._state = {key: _GpuState(ecc=dict(self._ecc_seen.get(key, {}))) for key in self._groups}
         self._events_unmonitored = False
 
     async def run(self, sink: HealthSink) -> None:
@@ -409,6 +416,7 @@ class HealthMonitor:
         for block, count in sorted(reading.ecc.items()):
             previous = state.ecc.get(block)
             state.ecc[block] = count
+            self._ecc_seen[key] = dict(state.ecc)
             if previous is None:
                 # The first reading is the baseline: errors from before the agent started were
                 # already acted on (or not) and would taint again on every agent restart.
