@@ -1,8 +1,10 @@
 """The agent process: every driver's backend, health, publishing and kubelet services in one task group.
 
 Each long-running part runs under `supervise`: a failure is logged once per attempt, counted and
-restarted with capped backoff instead of silently ending the process. SIGTERM/SIGINT cancel the
-task group; each part cleans up in its own ``finally``.
+restarted with capped backoff instead of silently ending the process; a part failing for longer
+than `PART_UNHEALTHY_AFTER_SECONDS` makes ``/healthz`` fail (`PartFailures`). Backends marked
+optional that have no library or no devices on this node are left out at start. SIGTERM/SIGINT
+cancel the task group; each part cleans up in its own ``finally``.
 """
 
 from __future__ import annotations
@@ -189,7 +191,7 @@ class Agent:
         self.started = anyio.Event()
 
     async def run(self) -> None:
-        """Start every backend and part; return only when cancelled (or a backend cannot start)."""
+        """Start every backend and part; return only when cancelled (or a required backend cannot start)."""
         started: list[Backend] = []
         try:
             for runtime in list(self.drivers.values()):
