@@ -173,8 +173,9 @@ class AgentParts:
 
         With a pod UID (the DaemonSet), two agent pods run side by side during a rolling update;
         only the one holding ``<plugins-dir>/<driver>/publish.lock`` publishes, the other serves
-        the kubelet and stands by until the lock is free (the old pod exited). Then, before the
-        first write, the taints already in our slices seed the health tracker.
+        the kubelet and stands by until the lock is free (the old pod exited). The taints already
+        in our slices seed the health tracker at start (the kubelet's health stream sees them
+        too) and again on taking over, before the first write.
         """
         assert self.kube is not None
         lock = None
@@ -186,6 +187,7 @@ class AgentParts:
             )
         held = False
         try:
+            await self._seed(runtime)
             if lock is not None:
                 if not await lock.try_acquire():
                     log.info(
@@ -196,8 +198,8 @@ class AgentParts:
                     self.readiness.set(check, True, "standby: another agent pod on this node publishes")
                     await lock.acquire()
                     log.info("taking over publishing", extra=log_fields(driver=runtime.driver))
+                    await self._seed(runtime)  # what the old pod published last
                 held = True
-            await self._seed(runtime)
             await publisher.run()
         finally:
             if lock is not None:
