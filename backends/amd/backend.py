@@ -16,8 +16,9 @@ from agent.core.logs import log_fields
 from agent.core.model import Device
 from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT, STOP_TIMEOUT
 from backends.amd.discovery import DEFAULT_DRIVER_NAME, Discovery, Sysfs, build_devices, read_processors
+from backends.amd.eccstate import ECC_STATE_FILE, boot_id, load_ecc_counts, save_ecc_counts
 from backends.amd.edits import StatFn, container_edits
-from backends.amd.health import CONDITIONS, HealthMemory, HealthMonitor, HealthSettings
+from backends.amd.health import CONDITIONS, EccCounts, HealthMemory, HealthMonitor, HealthSettings
 from backends.amd.smi import SmiLibrary, check_module, describe, handle_key, import_amdsmi, init_error
 from backends.amd.telemetry import read_telemetry
 
@@ -91,8 +92,11 @@ class AmdBackend:
         self._logged_empty = False
         self._devices_changed: anyio.Event | None = None
         self._call_timeout = call_timeout
-        # What one monitor learned that the next (after a rediscovery) must know to clear it.
+        # What one monitor learned that the next (after a rediscovery, or a restart of the agent
+        # in the same boot for the ECC counts) must know to clear or raise it.
         self._memory = HealthMemory()
+        self._ecc_path = options.state_dir / self._driver / ECC_STATE_FILE if options.state_dir else None
+        self._boot = ""
 
     @property
     def driver_name(self) -> str:
@@ -119,6 +123,10 @@ class AmdBackend:
 
         await lib.run(init, "amdsmi_init")
         self._lib = lib
+        if self._ecc_path is not None:
+            self._boot = await anyio.to_thread.run_sync(boot_id)
+            counts = await anyio.to_thread.run_sync(load_ecc_counts, self._ecc_path, self._boot)
+            self._memory = HealthMemory.with_ecc_counts(counts)
         log.info("amdsmi initialized", extra=log_fields(driver=self._driver))
 
     async def stop(self) -> None:
@@ -182,9 +190,26 @@ class AmdBackend:
             )
             async with anyio.create_task_group() as tg:
                 tg.start_soon(monitor.run, sink)
+                tg.start_soon(self._keep_ecc_counts)
                 await changed.wait()
                 tg.cancel_scope.cancel()
             log.info("devices changed; restarting health monitoring", extra=log_fields(driver=self._driver))
+
+    async def _keep_ecc_counts(self) -> None:
+        """Save the ECC counts when they change, so a restarted agent does not take them as a baseline."""
+        if self._ecc_path is None:
+            await anyio.sleep_forever()
+            return
+        saved: EccCounts = {}
+        while True:
+            snapshot = self._memory.ecc_counts()
+            if snapshot != saved:
+                try:
+                    await anyio.to_thread.run_sync(save_ecc_counts, self._ecc_path, self._boot, snapshot)
+                    saved = snapshot
+                except OSError as error:
+                    log.warning("cannot save the ECC counts", extra=log_fields(error=str(error)))
+            await self._clock.sleep(self._health_settings.poll_interval)
 
     async def prepare(self, device: str, claim: ClaimRef) -> ContainerEdits:
         """Edits for /dev/kfd and the device's DRM nodes, read from the host now."""
