@@ -136,7 +136,8 @@ async def test_gate_off_keeps_partitionable_fields_when_the_old_slice_uses_any(e
     whole slice), and everything is dropped when it uses none."""
     emu.set_feature_gate("DRAPartitionableDevices", True)
     body = slice_body("s")
-    body["spec"]["devices"][0]["consumesCounters"] = [{"counterSet": "c", "counters": {"mem": {"value": "1"}}}]
+    consumption = [{"counterSet": "c", "counters": {"mem": {"value": "1"}}}]
+    body["spec"]["devices"][0]["consumesCounters"] = consumption
     stored = emu.create("resourceslices", body)
     emu.set_feature_gate("DRAPartitionableDevices", False)
     # The old slice consumes counters but defines no set: adding one is kept all the same.
@@ -147,7 +148,7 @@ async def test_gate_off_keeps_partitionable_fields_when_the_old_slice_uses_any(e
     # A slice that uses none of them loses them all, the counter set alone included.
     plain = emu.create("resourceslices", slice_body("t"))
     plain["spec"]["sharedCounters"] = [{"name": "c", "counters": {"mem": {"value": "1Gi"}}}]
-    plain["spec"]["devices"][0]["consumesCounters"] = [{"counterSet": "c", "counters": {"mem": {"value": "1"}}}]
+    plain["spec"]["devices"][0]["consumesCounters"] = consumption
     again = emu.update("resourceslices", plain)
     assert "sharedCounters" not in again["spec"] and "consumesCounters" not in again["spec"]["devices"][0]
 
