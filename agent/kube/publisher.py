@@ -224,10 +224,7 @@ class SlicePublisher:
         except KubeApiError:
             return False
         if before is not None and (
-            info.git_version != before.server_version
-            or not before.slice_taints
-            or not before.probed
-            or before.counters is False
+            info.git_version != before.server_version or not before.slice_taints or not before.probed
         ):
             if info.git_version != before.server_version:
                 log.info(
@@ -236,9 +233,9 @@ class SlicePublisher:
                 )
             self._capabilities = None
             self._wake.set()
-        elif before is not None and before.counters:
-            # Ask again at each resync: a gate turned off later keeps the counters of our slices
-            # (in use), so no write would show it; the probe's create would.
+        elif before is not None and before.counters is not None:
+            # Ask again at each resync (the gate may have changed). A gate turned off later keeps
+            # the counters of our slices (in use), so no write would show it; the probe's create would.
             self._capabilities = before.with_counters(None)
         return True
 
