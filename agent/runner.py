@@ -154,14 +154,7 @@ class AgentParts:
         self.readiness.expect(check)
         state = self._state(runtime.backend)
         self.states[driver] = state
-        await state.start()
-        await report_device_plugins(
-            driver,
-            device_plugins_dir(config.plugins_dir),
-            self.metrics,
-            self.events,
-            excluding=isinstance(runtime.backend, ExcludingBackend),
-        )
+        loaded = anyio.Event()
 
         def registered(ok: bool, detail: str = "") -> None:
             self.readiness.set(check, ok, detail)
@@ -177,9 +170,22 @@ class AgentParts:
             metrics=self.metrics,
             readiness_callback=registered,
             clock=self.clock,
+            preparer_ready=loaded,
         )
         self.plugins[driver] = plugin
-        await plugin.run()
+        # Registration first: the kubelet waits for our sockets after a restart; claims wait for the
+        # checkpoint and the start-up reconcile (its API reads) instead.
+        async with anyio.create_task_group() as tg:
+            await tg.start(plugin.run)
+            await state.start()
+            loaded.set()
+            await report_device_plugins(
+                driver,
+                device_plugins_dir(config.plugins_dir),
+                self.metrics,
+                self.events,
+                excluding=isinstance(runtime.backend, ExcludingBackend),
+            )
 
     async def _serve_metrics(self) -> None:
         server = MetricsServer(self.config.metrics_address, self.metrics, self.readiness, clock=self.clock)

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import anyio
 import yaml
@@ -19,9 +19,13 @@ import yaml
 from agent.config import OPTIONS, AgentConfig, build_config
 from agent.core.errors import ConfigError
 from agent.core.logs import setup_logging
-from agent.explain.evaluate import ExplainError, Report, allocated_node, claim_key, explain
-from agent.explain.sources import Inputs, from_api, from_files, node_of, placement
-from agent.kube.client import KubeClient
+
+if TYPE_CHECKING:
+    from agent.explain.evaluate import Report
+    from agent.explain.sources import Inputs
+
+# The evaluation (CEL: celpy and lark, ~5 MB) is imported when explain runs, not by every
+# `dra-agent run`, whose parser this module helps build.
 
 CONFIG_FIELDS = ("node_name", "kube_mode", "kubeconfig", "state_dir", "cdi_root", "log_level", "log_format")
 """The `dra-agent run` options explain takes (`agent.cli` adds them as flags)."""
@@ -49,6 +53,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 async def _report(args: argparse.Namespace, config: AgentConfig) -> Report:
+    from agent.explain.sources import from_api, from_files, node_of
+    from agent.kube.client import KubeClient
+
     node = config.node_name
     if args.file is not None or args.slices is not None:
         if args.file is None or args.slices is None or args.target:
@@ -77,6 +84,9 @@ async def _report(args: argparse.Namespace, config: AgentConfig) -> Report:
 
 
 def _evaluate(inputs: Inputs, node: str, config: AgentConfig) -> Report:
+    from agent.explain.evaluate import ExplainError, allocated_node, claim_key, explain
+    from agent.explain.sources import placement
+
     claim = inputs.claim
     elsewhere = allocated_node(claim)
     if elsewhere is not None and elsewhere != node:
