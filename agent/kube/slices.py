@@ -7,6 +7,7 @@ v1beta1 wraps each device's fields in ``basic``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -357,3 +358,23 @@ def _shared_layout(
     layout = [(group_sets, [d.name for d in members]) for group_sets, members in groups]
     names = [d.name for d in plain]
     return layout + [([], names[i : i + max_devices]) for i in range(0, len(names), max_devices)]
+
+
+def without_counters(devices: Sequence[Device]) -> tuple[list[Device], list[str]]:
+    """What a pool may hold where the API server drops counters (``DRAPartitionableDevices`` off).
+
+    A device that carries counter sets (the whole hardware, a whole GPU) is published without
+    its counters, alone: it overlaps nothing published. A device that consumes counters and
+    carries none (a MIG placement) would overlap it and its siblings unseen by the scheduler, so
+    it is withheld; returns (devices to publish, names withheld).
+    """
+    kept: list[Device] = []
+    withheld: list[str] = []
+    for device in devices:
+        if device.counter_sets:
+            kept.append(dataclasses.replace(device, counter_sets=(), consumes_counters=()))
+        elif device.consumes_counters:
+            withheld.append(device.name)
+        else:
+            kept.append(device)
+    return kept, withheld

@@ -63,6 +63,7 @@ PUBLISH_ERROR_REASONS = (
     "node_missing",
     "internal",
     "taints_unsupported",
+    "counters_unsupported",
 )
 """``reason`` values of `Metrics.publish_errors` known in advance (agent/kube/publisher.py); refusals
 add ``http_<status>``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -18,6 +19,7 @@ from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device, check_driver_name
 from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT
+from backends.nvidia.capnodes import NodeMaker, ensure_cap_nodes, mknod
 from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
 from backends.nvidia.driverfiles import DEFAULT_HOOK_PATH, DriverFiles, HostView, find_driver_files
 from backends.nvidia.dynamicmig import DynamicMig, gpu_handles_sync
@@ -97,6 +99,7 @@ class NvidiaBackend:
         proc_root: Path = Path("/proc"),
         dev_root: Path | None = None,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        make_node: NodeMaker = mknod,
     ) -> None:
         settings = options.settings
         unknown = sorted(set(settings) - set(SETTINGS))
@@ -128,6 +131,7 @@ class NvidiaBackend:
         self._clock: Clock = clock or SystemClock()
         self._sysfs_root = sysfs_root
         self._dev_override = dev_root
+        self._make_node = make_node
         self._edits = EditsConfig(
             mode=mode,
             driver_root=driver_root,
@@ -321,12 +325,27 @@ class NvidiaBackend:
         placement = self._dynamic.placements.get(device) if self._dynamic is not None else None
         if self._dynamic is not None and placement is not None:
             # The MIG device is created first; its edits are those of a static MIG device.
-            edits = await self._dynamic.prepare(placement, claim.uid, nv, self._edits_for)
+            edits = await self._dynamic.prepare(placement, claim.uid, nv, self._created_edits)
         else:
             edits = await self._edits_for(nv)
         self._prepared[key] = edits
         log.info("prepared device", extra=log_fields(device=device, claim=claim.uid, mode=self._active_mode))
         return edits
+
+    async def _created_edits(self, nv: NvDevice) -> ContainerEdits:
+        """Edits of a MIG device just created: its capability nodes may not exist yet (we make them)."""
+        if nv.mig is not None:
+            config = self._edits
+            make = functools.partial(ensure_cap_nodes, make=self._make_node)
+            await anyio.to_thread.run_sync(
+                make,
+                config.proc_root,
+                config.dev.view,
+                nv.gpu.minor,
+                nv.mig.gpu_instance_id,
+                nv.mig.compute_instance_id,
+            )
+        return await self._edits_for(nv)
 
     async def _edits_for(self, nv: NvDevice) -> ContainerEdits:
         mode = await self._mode_for(nv)
