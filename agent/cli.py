@@ -22,6 +22,8 @@ from agent.config import OPTIONS, AgentConfig, build_config
 from agent.core.errors import AgentError, ConfigError
 from agent.core.logs import setup_logging
 from agent.core.model import Device
+from agent.core.vendorcall import exit_if_vendor_calls_hung
+from agent.explain import command as explain_command
 from agent.kube.slices import attribute_to_api
 
 COMMAND_GROUP = "dra_agent.commands"
@@ -74,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--taint-hold", type=float, default=2.0, help="seconds before a taint is lifted")
     demo.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    explain = sub.add_parser("explain", help="why a ResourceClaim gets (or not) this node's devices")
+    _add_config_flags(explain, only=explain_command.CONFIG_FIELDS)
+    explain_command.add_arguments(explain)
     sub.add_parser("version", help="print the version")
     for ep in entry_points(group=COMMAND_GROUP):
         register = ep.load()
@@ -144,6 +149,12 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dra-agent`` console script."""
+    code = _main(argv)
+    exit_if_vendor_calls_hung(code)  # else the interpreter waits forever for a wedged driver call
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -191,16 +191,18 @@ async def agent_running(
     """
     kube = await KubeClient.connect(config.kube_mode, config.kubeconfig)
     try:
-        clock, metrics = SystemClock(), Metrics()
+        clock, metrics, readiness = SystemClock(), Metrics(), Readiness()
         parts = AgentParts(
             config,
             kube=kube,
             metrics=metrics,
-            readiness=Readiness(),
+            readiness=readiness,
             clock=clock,
             policy=TaintPolicy.default(),
         )
-        agent = Agent(config, backends=backends, metrics=metrics, clock=clock, parts=parts)
+        agent = Agent(
+            config, backends=backends, metrics=metrics, clock=clock, parts=parts, readiness=readiness
+        )
         async with anyio.create_task_group() as tg:
             tg.start_soon(agent.run)
             yield parts

@@ -10,31 +10,44 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
 import yaml
 
-from agent.app import Agent, DriverRuntime, Part, create_backends, run_until_signal
+from agent.app import Agent, DriverRuntime, Part, create_backend_set, run_until_signal
+from agent.claims.filelock import FileLock
 from agent.claims.state import DeviceState
 from agent.config import AgentConfig
 from agent.core.backend import Backend
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import KubeApiError
-from agent.health.taints import ClusterTaintSupport, TaintPolicy
+from agent.core.exclusion import ExcludingBackend
+from agent.core.logs import log_fields
+from agent.core.model import HealthCondition, Severity
+from agent.health.taints import EFFECT_NONE, ClusterTaintSupport, TaintPolicy
 from agent.kube.client import KubeClient
 from agent.kube.events import EventRecorder
+from agent.kube.pool import build_pool
+from agent.kube.published import published_taints
 from agent.kube.publisher import SlicePublisher
-from agent.kube.slices import build_pool
+from agent.kubelet.deviceplugins import device_plugins_dir, report_device_plugins
 from agent.kubelet.plugin import KubeletPlugin
+from agent.kubelet.podresources import PodResourcesClient, default_socket
+from agent.kubelet.workloads import WorkloadAttribution
+from agent.observe.allocations import AllocationSeries
 from agent.observe.httpserver import MetricsServer
 from agent.observe.metrics import Metrics
 from agent.observe.readiness import Readiness
 from agent.observe.telemetry import TelemetryPoller
+from agent.preflight import preflight
 
 log = logging.getLogger("agent.runner")
+
+PUBLISH_LOCK_NAME = "publish.lock"
+PUBLISH_LOCK_POLL_SECONDS = 0.1
 
 
 class NoApiServer:
@@ -72,10 +85,22 @@ class AgentParts:
         self.plugins: dict[str, KubeletPlugin] = {}
         self.states: dict[str, DeviceState] = {}
         self.metrics_port: int | None = None
+        self.workloads: WorkloadAttribution | None = None
+        self._liveness: Callable[[], tuple[bool, str]] | None = None
         self.events = EventRecorder(kube, config.node_name, clock=clock, metrics=metrics) if kube else None
 
     def __call__(self, agent: Agent) -> Sequence[Part]:
+        self._liveness = agent.failures.health
         parts = [Part("metrics-server", self._serve_metrics)]
+        if self.config.serve_kubelet:
+            self.workloads = WorkloadAttribution(
+                AllocationSeries(self.metrics),
+                node_name=self.config.node_name,
+                inventories={d: r.inventory for d, r in agent.drivers.items()},
+                claims=self.kube,
+                pod_resources=PodResourcesClient(default_socket(self.config.plugins_dir)),
+            )
+            parts.append(Part("workloads", self.workloads.run))
         for runtime in agent.drivers.values():
             parts.extend(self.driver_parts(runtime))
         if self.kube is None:
@@ -111,7 +136,7 @@ class AgentParts:
                 on_published=functools.partial(self.readiness.set, check),
             )
             self.publishers[driver] = publisher
-            parts.append(Part(f"{driver}/publisher", publisher.run))
+            parts.append(Part(f"{driver}/publisher", lambda: self._publish(runtime, publisher, check)))
         if config.serve_kubelet:
             parts.append(Part(f"{driver}/kubelet", lambda: self._serve_kubelet(runtime)))
         return parts
@@ -130,6 +155,7 @@ class AgentParts:
             events=self.events,
             clock=self.clock,
             lock_path=plugin_dir / "serialize.lock" if config.pod_uid else None,
+            listener=self.workloads,
         )
 
     async def _serve_kubelet(self, runtime: DriverRuntime) -> None:
@@ -138,7 +164,7 @@ class AgentParts:
         self.readiness.expect(check)
         state = self._state(runtime.backend)
         self.states[driver] = state
-        await state.start()
+        loaded = anyio.Event()
 
         def registered(ok: bool, detail: str = "") -> None:
             self.readiness.set(check, ok, detail)
@@ -154,12 +180,86 @@ class AgentParts:
             metrics=self.metrics,
             readiness_callback=registered,
             clock=self.clock,
+            preparer_ready=loaded,
         )
         self.plugins[driver] = plugin
-        await plugin.run()
+        # Registration first: the kubelet waits for our sockets after a restart; claims wait for the
+        # checkpoint and the start-up reconcile (its API reads) instead.
+        async with anyio.create_task_group() as tg:
+            await tg.start(plugin.run)
+            await state.start()
+            loaded.set()
+            await report_device_plugins(
+                driver,
+                device_plugins_dir(config.plugins_dir),
+                self.metrics,
+                self.events,
+                excluding=isinstance(runtime.backend, ExcludingBackend),
+            )
+
+    async def _publish(self, runtime: DriverRuntime, publisher: SlicePublisher, check: str) -> None:
+        """Publish the driver's pool: alone on the node, and only after restoring what was published.
+
+        With a pod UID (the DaemonSet), two agent pods run side by side during a rolling update;
+        only the one holding ``<plugins-dir>/<driver>/publish.lock`` publishes, the other serves
+        the kubelet and stands by until the lock is free (the old pod exited). The taints already
+        in our slices seed the health tracker at start (the kubelet's health stream sees them
+        too) and again on taking over, before the first write.
+        """
+        assert self.kube is not None
+        lock = None
+        if self.config.pod_uid:
+            lock = FileLock(
+                self.config.plugins_dir / runtime.driver / PUBLISH_LOCK_NAME,
+                clock=self.clock,
+                poll_interval=PUBLISH_LOCK_POLL_SECONDS,
+            )
+        held = False
+        try:
+            await self._seed(runtime)
+            if lock is not None:
+                if not await lock.try_acquire():
+                    log.info(
+                        "another agent pod publishes this pool; standing by until it exits",
+                        extra=log_fields(driver=runtime.driver, lock=str(lock.path)),
+                    )
+                    # Ready: a rolling update waits for this pod before it stops the old one.
+                    self.readiness.set(check, True, "standby: another agent pod on this node publishes")
+                    await lock.acquire()
+                    log.info("taking over publishing", extra=log_fields(driver=runtime.driver))
+                    await self._seed(runtime)  # what the old pod published last
+                held = True
+            await publisher.run()
+        finally:
+            if lock is not None:
+                if held:
+                    lock.release()
+                lock.close()
+
+    async def _seed(self, runtime: DriverRuntime) -> None:
+        """Hold the taints an earlier agent process published, as conditions of the health tracker."""
+        assert self.kube is not None
+        prefix = f"{runtime.driver}/"
+        taints = await published_taints(self.kube, node_name=self.config.node_name, driver=runtime.driver)
+        for taint in taints:
+            if not taint.key.startswith(prefix):
+                continue  # not a key of ours
+            since = taint.time_added if taint.time_added is not None else self.clock.time()
+            # The policy maps the condition back to the same effect; the severity only ranks it.
+            severity = Severity.INFO if taint.effect == EFFECT_NONE else Severity.CRITICAL
+            condition = HealthCondition(
+                taint.key[len(prefix) :], severity, taint.value, "held from before the agent restarted", since
+            )
+            runtime.tracker.seed(taint.device, condition)
 
     async def _serve_metrics(self) -> None:
-        server = MetricsServer(self.config.metrics_address, self.metrics, self.readiness, clock=self.clock)
+        server = MetricsServer(
+            self.config.metrics_address,
+            self.metrics,
+            self.readiness,
+            clock=self.clock,
+            liveness=self._liveness,
+        )
         await server.run()
 
     async def _print_slices(self, agent: Agent) -> None:
@@ -174,12 +274,14 @@ class AgentParts:
         while True:
             version = await runtime.inventory.wait_changed(version)
             devices = runtime.inventory.devices()
+            # Exactly what the publisher would create on an up-to-date cluster; the Node's uid is unknown.
             slices = build_pool(
                 driver=runtime.driver,
                 node_name=self.config.node_name,
-                node_uid="",
+                node_uid=f"<uid of Node {self.config.node_name}>",
                 devices=devices,
                 taints=self.policy.taint_map(devices, support),
+                support=support,
             )
             document = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": slices}, sort_keys=False)
             self.out.write("---\n" + document)
@@ -204,13 +306,24 @@ async def run_agent(config: AgentConfig) -> None:
     clock = SystemClock()
     metrics = Metrics()
     policy = load_policy(config.taint_policy)
-    backends = create_backends(config)
+    await anyio.to_thread.run_sync(preflight, config)
+    backends, optional = create_backend_set(config)
     kube = await connect_kube(config)
     try:
+        readiness = Readiness()
         parts = AgentParts(
-            config, kube=kube, metrics=metrics, readiness=Readiness(), clock=clock, policy=policy
+            config, kube=kube, metrics=metrics, readiness=readiness, clock=clock, policy=policy
         )
-        await run_until_signal(Agent(config, backends=backends, metrics=metrics, clock=clock, parts=parts))
+        agent = Agent(
+            config,
+            backends=backends,
+            optional=optional,
+            metrics=metrics,
+            clock=clock,
+            parts=parts,
+            readiness=readiness,
+        )
+        await run_until_signal(agent)
     finally:
         if kube is not None:
             await kube.close()

@@ -17,10 +17,12 @@ BENCHMARKS = [
     ("benchmarks.publish_bench", True),
     ("benchmarks.prepare_bench", True),
     ("benchmarks.sharing_bench", True),
+    ("benchmarks.kubelet_e2e_bench", True),
     ("benchmarks.grpc_bench", True),
     ("benchmarks.scrape_bench", False),
     ("benchmarks.nvidia_bench", True),
     ("benchmarks.amd_bench", False),
+    ("benchmarks.dynamic_mig_bench", True),
 ]
 
 

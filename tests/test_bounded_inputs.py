@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import agent.kube.client
+import agent.kube.credentials
 from agent.cli import main
 from agent.core.errors import ConfigError
 from agent.health.taints import MAX_POLICY_BYTES
-from agent.kube.client import check_kubeconfig
+from agent.kube.credentials import check_kubeconfig
 from backends.fake.profile import ProfileError, load_profile
 from backends.fake.scenario import ScenarioError, load_scenario
 
@@ -111,7 +111,7 @@ def test_bad_kubeconfig_file(
 def test_oversized_kubeconfig(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(agent.kube.client, "MAX_KUBECONFIG_BYTES", 64)
+    monkeypatch.setattr(agent.kube.credentials, "MAX_KUBECONFIG_BYTES", 64)
     path = tmp_path / "kubeconfig"
     path.write_bytes(KUBECONFIG)
     assert run_with_kubeconfig(tmp_path, path) == 2

@@ -330,3 +330,62 @@ async def test_endless_flapping_neither_overflows_nor_floods_the_log(
     flapping = [r for r in caplog.records if "flapping" in r.getMessage()]
     assert 1 <= len(flapping) <= 3  # once per doubling, then quiet at the cap
     assert conditions(inventory, "gpu-2") == [("gpu-lost", "")]
+
+
+async def test_conditions_of_a_device_gone_longer_than_the_hold_are_forgotten(fake_clock: FakeClock) -> None:
+    """Issue 13: a device back after the hold starts healthy (nobody would clear what it had).
+
+    Like the kubelet's own cache (``pkg/kubelet/cm/dra/healthinfo.go``: devices a plugin stops
+    reporting become Unknown, entries older than the health timeout count as Unknown), health of
+    a device that is gone is not kept for ever.
+    """
+    inventory, tracker = make(fake_clock, hold=60)
+    await tracker.handle(lost("gpu-3"))
+    await tracker.handle(xid(device="gpu-3"))
+    inventory.set_devices([Device(f"gpu-{i}", DRIVER) for i in range(3)])  # fell off the bus
+    tracker.expire()
+    fake_clock.advance(59)
+    tracker.expire()
+    assert [a.device for a in tracker.active()] == ["gpu-3", "gpu-3"]  # may still come straight back
+    fake_clock.advance(1)
+    tracker.expire()
+    assert tracker.active() == []
+    fake_clock.advance(3600)
+    inventory.set_devices([Device(f"gpu-{i}", DRIVER) for i in range(4)])  # back, reset
+    tracker.expire()
+    assert conditions(inventory, "gpu-3") == []
+    # A fresh episode: no flap from the forgotten one.
+    await tracker.handle(xid(device="gpu-3"))
+    assert tracker.hold_for("gpu-3", "xid", fake_clock.time()) == 60
+
+
+async def test_absence_counts_from_when_it_was_seen_and_resets_on_return(fake_clock: FakeClock) -> None:
+    inventory, tracker = make(fake_clock, hold=60)
+    await tracker.handle(lost("gpu-3"))
+    all_four = [Device(f"gpu-{i}", DRIVER) for i in range(4)]
+    inventory.set_devices(all_four[:3])
+    tracker.expire()
+    fake_clock.advance(40)
+    inventory.set_devices(all_four)  # back within the hold: kept
+    tracker.expire()
+    fake_clock.advance(40)
+    inventory.set_devices(all_four[:3])  # gone again: counts afresh
+    tracker.expire()
+    fake_clock.advance(40)
+    tracker.expire()
+    assert [a.device for a in tracker.active()] == ["gpu-3"]
+    fake_clock.advance(20)
+    tracker.expire()
+    assert tracker.active() == []
+
+
+async def test_nothing_is_forgotten_before_the_first_discovery(fake_clock: FakeClock) -> None:
+    inventory = Inventory(DRIVER)
+    tracker = HealthTracker(inventory, fake_clock, 60)
+    await tracker.handle(lost("gpu-3"))
+    fake_clock.advance(3600)
+    tracker.expire()
+    assert [a.device for a in tracker.active()] == ["gpu-3"]
+    inventory.set_devices([Device("gpu-3", DRIVER)])
+    tracker.expire()
+    assert conditions(inventory, "gpu-3") == [("gpu-lost", "")]

@@ -95,6 +95,12 @@ class EventRecorder(Protocol):
     async def record(self, reason: str, message: str, type: str) -> object: ...
 
 
+class PreparedListener(Protocol):
+    """Told the prepared claims (claim -> device names) after prepare, unprepare and the start-up load."""
+
+    def prepared_changed(self, driver: str, prepared: Mapping[ClaimRef, tuple[str, ...]]) -> None: ...
+
+
 class _ClaimFailure(Exception):
     """A per-claim failure: `str()` is the message for the kubelet, `reason` labels the metric."""
 
@@ -151,6 +157,7 @@ class DeviceState:
         boot_id: str | None = None,
         boot_id_path: Path = BOOT_ID_PATH,
         hooks: StepHook | None = None,
+        listener: PreparedListener | None = None,
     ) -> None:
         self.driver = driver
         self.backend = backend
@@ -162,6 +169,7 @@ class DeviceState:
         self.events = events
         self.clock = clock or SystemClock()
         self.hooks = hooks
+        self.listener = listener
         self._boot_id = boot_id if boot_id is not None else read_boot_id(boot_id_path)
         self.store = CheckpointStore(state_dir / CHECKPOINT_FILE, self._boot_id)
         self._file_lock = FileLock(lock_path, clock=self.clock) if lock_path is not None else None
@@ -759,8 +767,21 @@ class DeviceState:
             self.metrics.claim_errors.labels(self.driver, operation, reason).inc()
 
     def _update_gauges(self) -> None:
+        self._notify()
         if self.metrics is None:
             return
         prepared = self.prepared_claims()
         self.metrics.prepared_claims.labels(self.driver).set(len(prepared))
         self.metrics.prepared_devices.labels(self.driver).set(sum(len(e.devices) for e in prepared.values()))
+
+    def _notify(self) -> None:
+        if self.listener is None:
+            return
+        prepared = {
+            ClaimRef(e.namespace, e.name, uid): tuple(d.device for d in e.devices)
+            for uid, e in self.prepared_claims().items()
+        }
+        try:
+            self.listener.prepared_changed(self.driver, prepared)
+        except Exception as error:  # metrics must never fail a prepare
+            log.warning("prepared-claims listener failed", extra=log_fields(error=repr(error)))

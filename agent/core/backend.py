@@ -64,6 +64,18 @@ class HealthEvent:
 HealthSink = Callable[[HealthEvent], Awaitable[None]]
 
 
+def report_alive(sink: HealthSink) -> None:
+    """Tell whoever gave `sink` that the health monitor works (its last vendor call returned).
+
+    Monitors call it on every turn of their loop, events or not, so that a silent monitor can be
+    told from a quiet one. A sink with an ``alive()`` method gets it called; a plain callable
+    ignores it (the `Backend` protocol is unchanged for backends that never call it).
+    """
+    alive = getattr(sink, "alive", None)
+    if callable(alive):
+        alive()
+
+
 @dataclass(frozen=True)
 class DeviceNode:
     """A device node the container gets; type/major/minor are read from the host when known."""
@@ -152,7 +164,11 @@ class Backend(Protocol):
         ...
 
     async def monitor_health(self, sink: HealthSink) -> None:
-        """Report health changes to `sink` until cancelled; return promptly on cancellation."""
+        """Report health changes to `sink` until cancelled; return promptly on cancellation.
+
+        Watch what the latest `discover` found (re-scope when it changes), clear the STATE
+        conditions the backend set once they end, and call `report_alive(sink)` on every turn.
+        """
         ...
 
     async def prepare(self, device: str, claim: ClaimRef) -> ContainerEdits:
@@ -202,6 +218,7 @@ class BackendOptions:
     driver_name: str | None = None
     settings: Mapping[str, str] = field(default_factory=dict)
     state_dir: Path | None = None
+    """Where the backend may keep what must survive an agent restart (None: nowhere)."""
 
 
 class BackendFactory(Protocol):

@@ -23,6 +23,11 @@ MAX_ID_LENGTH = 32
 MAX_DOMAIN_LENGTH = 63
 MAX_DRIVER_NAME_LENGTH = 63
 MAX_DEVICE_NAME_LENGTH = 63
+# Partitionable devices (KEP-4815), as `resource.k8s.io/v1` types.go of 1.35+ bounds them.
+MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_COUNTERS_PER_SET = 32
+MAX_CONSUMPTIONS_PER_DEVICE = 2
+MAX_COUNTERS_PER_CONSUMPTION = 32
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -133,6 +138,47 @@ class DeviceHealth:
 HEALTHY = DeviceHealth()
 
 
+def _check_counters(owner: str, where: str, counters: Mapping[str, Quantity], limit: int) -> None:
+    if not counters:
+        raise DeviceModelError(owner, where, "must name at least one counter")
+    if len(counters) > limit:
+        raise DeviceModelError(owner, where, f"{len(counters)} counters, at most {limit}")
+    for key, value in counters.items():
+        if not is_dns_label(key):
+            raise DeviceModelError(owner, f"{where}[{key}]", "counter names must be lowercase DNS labels")
+        if not isinstance(value, Quantity):
+            raise DeviceModelError(owner, f"{where}[{key}]", "must be an agent.core.quantity.Quantity")
+
+
+@dataclass(frozen=True)
+class CounterSet:
+    """Shared counters of one piece of hardware (a GPU's memory and compute slices, engines).
+
+    Published in the pool's ``sharedCounters``; devices that use part of the hardware consume
+    from it (`CounterConsumption`), and the scheduler never over-commits a counter.
+    """
+
+    name: str
+    counters: Mapping[str, Quantity]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "counters", MappingProxyType(dict(self.counters)))
+        if not is_dns_label(self.name):
+            raise DeviceModelError(self.name, "counterSet.name", "must be a lowercase DNS label")
+        _check_counters(self.name, "counterSet.counters", self.counters, MAX_COUNTERS_PER_SET)
+
+
+@dataclass(frozen=True)
+class CounterConsumption:
+    """What one device takes from one `CounterSet` when it is allocated."""
+
+    counter_set: str
+    counters: Mapping[str, Quantity]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "counters", MappingProxyType(dict(self.counters)))
+
+
 @dataclass(frozen=True)
 class RequestPolicy:
     """A capacity's ``requestPolicy`` (consumable capacity): a default and a range or a list of values."""
@@ -180,12 +226,20 @@ class Device:
     """Shareable by several claims at once (consumable capacity, see `agent.core.sharing`)."""
     request_policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
     """``requestPolicy`` per capacity name; only with `allow_multiple_allocations`."""
+    consumes_counters: tuple[CounterConsumption, ...] = ()
+    """Counters this device takes when allocated (partitionable devices such as MIG placements)."""
+    counter_sets: tuple[CounterSet, ...] = ()
+    """Counter sets of the hardware this device stands for (the whole GPU of a partitionable GPU).
+
+    They are published in the pool next to the devices, not as part of this device."""
 
     def __post_init__(self) -> None:
         # Freeze the maps so a Device is a true value.
         object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
         object.__setattr__(self, "capacity", MappingProxyType(dict(self.capacity)))
         object.__setattr__(self, "request_policies", MappingProxyType(dict(self.request_policies)))
+        object.__setattr__(self, "consumes_counters", tuple(self.consumes_counters))
+        object.__setattr__(self, "counter_sets", tuple(self.counter_sets))
         validate_device(self)
 
 
@@ -241,3 +295,25 @@ def validate_device(device: Device) -> None:
             raise DeviceModelError(
                 name, f"capacity[{key}].requestPolicy", "allowMultipleAllocations must be true"
             )
+    _validate_counters(device)
+
+
+def _validate_counters(device: Device) -> None:
+    name = device.name
+    if len(device.consumes_counters) > MAX_CONSUMPTIONS_PER_DEVICE:
+        raise DeviceModelError(
+            name,
+            "consumesCounters",
+            f"{len(device.consumes_counters)} entries, at most {MAX_CONSUMPTIONS_PER_DEVICE}",
+        )
+    seen: set[str] = set()
+    for i, consumption in enumerate(device.consumes_counters):
+        where = f"consumesCounters[{i}]"
+        if not is_dns_label(consumption.counter_set):
+            raise DeviceModelError(name, f"{where}.counterSet", "must be a lowercase DNS label")
+        if consumption.counter_set in seen:
+            raise DeviceModelError(name, f"{where}.counterSet", f"{consumption.counter_set!r} appears twice")
+        seen.add(consumption.counter_set)
+        _check_counters(name, f"{where}.counters", consumption.counters, MAX_COUNTERS_PER_CONSUMPTION)
+    if len({s.name for s in device.counter_sets}) != len(device.counter_sets):
+        raise DeviceModelError(name, "counterSets", "a counter set name appears twice")

@@ -225,8 +225,8 @@ class ConsumableShares:
 
     def apply(self, device: Device) -> Device:
         """`device` as published under this setting (unchanged when disabled or impossible)."""
-        if not self.enabled:
-            return device
+        if not self.enabled or device.consumes_counters:
+            return device  # a partition placement (counters) stays exclusive: its sharing is the MIG layout
         capacity = dict(device.capacity)
         policies: dict[str, RequestPolicy] = {name: RequestPolicy(default=ZERO) for name in capacity}
         if self.mode is SharesMode.MEMORY:

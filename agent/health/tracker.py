@@ -12,6 +12,9 @@ Rules (one driver's devices; conditions are keyed by device, condition and value
 - Flap damping: a condition that comes back within `flap_window_seconds` (10 min) of its last
   clear or lift counts as a flap; its hold doubles per flap in the window, capped at
   `max_hold_factor` (8x). Flaps older than the window are forgotten.
+- Forgetting: a device that has left the inventory keeps its conditions for one hold time (it may
+  come straight back, e.g. a GPU reset), then they are forgotten with its flap history, so a
+  device that comes back later starts healthy instead of with conditions nobody will clear.
 - Cheap per event: a repeat of an active condition only updates a timestamp; the inventory is
   written only when the set of conditions changes (the publisher debounces API writes), and only
   the changed device's health is rebuilt. A device keeps at most `MAX_CONDITIONS_PER_DEVICE`
@@ -96,6 +99,7 @@ class HealthTracker:
         self._evicted = 0
         self._ended: dict[tuple[str, str], float] = {}
         self._flaps: dict[tuple[str, str], deque[float]] = {}
+        self._gone_since: dict[str, float] = {}
         self._published_version = -1
 
     @property
@@ -149,6 +153,30 @@ class HealthTracker:
                 "health condition back before its hold ended",
                 extra=log_fields(driver=self.driver, device=event.device, condition=event.condition),
             )
+
+    def seed(self, device: str, condition: HealthCondition) -> None:
+        """Restore a condition an earlier agent process published (its taint, found at start).
+
+        It is held as an EVENT last seen at ``condition.since`` (the taint's ``timeAdded``):
+        lifted once the hold time has passed since then, unless the backend reports it again. A
+        condition that is already tracked keeps its state, with the earlier ``since``.
+        """
+        since = min(condition.since, self._clock.time())
+        key = (device, condition.condition, condition.value)
+        active = self._active.get(key)
+        if active is not None:
+            if since < active.condition.since:
+                active.condition = replace(active.condition, since=since)
+                self._publish(device)
+            return
+        self._add(key, _Active(replace(condition, since=since), ConditionKind.EVENT, since))
+        log.info(
+            "health condition restored from the published taints",
+            extra=log_fields(
+                driver=self.driver, device=device, condition=condition.condition, value=condition.value
+            ),
+        )
+        self._publish(device)
 
     def _add(self, key: tuple[str, str, str], active: _Active) -> None:
         device, condition, value = key
@@ -232,8 +260,9 @@ class HealthTracker:
                 extra=log_fields(driver=self.driver, device=device, condition=condition, value=value),
             )
         self._forget_old(now)
-        if lifted or self._inventory.version != self._published_version:
-            self._publish(*{key[0] for key in lifted})
+        forgotten = self._forget_gone(now)
+        if lifted or forgotten or self._inventory.version != self._published_version:
+            self._publish(*{key[0] for key in lifted}, *forgotten)
 
     def _forget_old(self, now: float) -> None:
         horizon = now - self._window
@@ -244,6 +273,30 @@ class HealthTracker:
                 flaps.popleft()
             if not flaps:
                 del self._flaps[key]
+
+    def _forget_gone(self, now: float) -> list[str]:
+        """Forget the conditions of devices out of the inventory for longer than the hold time."""
+        if not self._inventory.discovered:
+            return []  # nothing is known to be gone before the first discovery
+        present = self._inventory.device_names()
+        for device in [d for d in self._gone_since if d in present or d not in self._by_device]:
+            del self._gone_since[device]
+        forgotten = []
+        for device in [d for d in self._by_device if d not in present]:
+            gone = self._gone_since.setdefault(device, now)
+            if now - gone < self._hold:
+                continue
+            for condition, value in list(self._by_device[device]):
+                self._remove((device, condition, value))
+                self._ended.pop((device, condition), None)
+                self._flaps.pop((device, condition), None)
+            del self._gone_since[device]
+            forgotten.append(device)
+            log.info(
+                "health conditions of a vanished device forgotten",
+                extra=log_fields(driver=self.driver, device=device, gone_seconds=round(now - gone, 1)),
+            )
+        return forgotten
 
     async def run(self) -> None:
         """Expire conditions until cancelled."""

@@ -1,4 +1,4 @@
-"""Everything that talks to the API server: the client, the slice publisher and builder, validation, Events.
+"""Everything that talks to the API server: client, slice publisher, pool reconciler, builder, probe, Events.
 
 Imports `agent.core`, `agent.observe` and `agent.health`; never `claims` or `kubelet`.
 """

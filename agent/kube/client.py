@@ -1,17 +1,22 @@
-"""The agent's Kubernetes API client: discovery, ResourceSlices, claims, events, DeviceTaintRules.
+"""The agent's Kubernetes API client: discovery, ResourceSlices, claims, events.
 
-Built on kubernetes-asyncio's `ApiClient` for configuration and authentication, but requests
-and answers are plain JSON dicts (``call_api(..., _preload_content=False)``): the resource.k8s.io
-shapes differ between v1, v1beta2 and v1beta1 and typed models would only add churn. Every
-request has a timeout; every failure becomes `agent.core.errors.KubeApiError` with the HTTP status
-(0 when the API server did not answer).
+Requests and answers are plain JSON dicts: the resource.k8s.io shapes differ between v1, v1beta2
+and v1beta1 and typed models would only add churn (and ~700 classes of memory). kubernetes-asyncio
+provides the ``Configuration`` (server, TLS files, token and its refresh, see
+`agent.kube.credentials`); the HTTP transport is our own aiohttp session: one keep-alive
+connection pool for every call, at most `REQUEST_CONCURRENCY` requests in flight (so at most that
+many connections besides one per open watch), no per-request environment or netrc lookups.
+Every request has a timeout; every failure becomes `agent.core.errors.KubeApiError` with the
+HTTP status (0 when the API server did not answer).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
-import os
+import ssl
+import urllib.request
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,18 +24,24 @@ from typing import Any
 
 import aiohttp
 import anyio
-import anyio.to_thread
 
-from agent.core.boundedfile import MIB, BoundedFileError, load_yaml
-from agent.core.errors import ConfigError, KubeApiError
+from agent.core.errors import KubeApiError
 from agent.core.logs import log_fields
 from agent.health.taints import ClusterTaintSupport
+from agent.kube.credentials import load_credentials
 
 log = logging.getLogger("agent.kube.client")
 
 RESOURCE_GROUP = "resource.k8s.io"
 SLICE_VERSIONS = ("v1", "v1beta2", "v1beta1")
 TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+REQUEST_CONCURRENCY = 3
+"""Requests in flight at once (claim reads included); more wait. With HTTP/1.1 each needs its own
+connection, so with the one watch per driver a one-driver agent uses at most 4 connections."""
+CONNECTION_LIMIT = 32
+"""Safety cap on the pool (requests plus watches); the agent opens one watch per driver."""
+KEEPALIVE_SECONDS = 60.0
+"""How long an idle connection stays open for the next request."""
 EVENT_NAMESPACE = "default"
 """Events about cluster-scoped objects (our Node) go to ``default``, as the kubelet's do."""
 
@@ -43,8 +54,6 @@ _EXACT_REQUEST_FIELDS = (
     "adminAccess",
     "tolerations",
 )
-MAX_KUBECONFIG_BYTES = 16 * MIB
-"""Far above a kubeconfig with many clusters and embedded certificates."""
 _NO_DRA_HELP = (
     "the API server does not serve resource.k8s.io ResourceSlices (Dynamic Resource Allocation is off). "
     "Kubernetes 1.34+ enables it by default; on 1.32/1.33 start kube-apiserver, kube-controller-manager, "
@@ -112,28 +121,6 @@ def claim_to_v1(claim: Mapping[str, Any]) -> dict[str, Any]:
     return dict(out)
 
 
-def check_kubeconfig(kubeconfig: Path | str | None) -> None:
-    """Refuse a kubeconfig file the library would fail on with a traceback (blocking).
-
-    Each file the library would read (``KUBECONFIG`` may join several with ``:``, default
-    ``~/.kube/config``) must be bounded UTF-8 YAML holding a mapping; a missing file is left to the
-    library's error.
-    """
-    names = str(kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)
-    for name in filter(None, names):
-        path = Path(name).expanduser()
-        if not path.exists():
-            continue
-        try:
-            data = load_yaml(path, max_bytes=MAX_KUBECONFIG_BYTES, what="kubeconfig YAML file")
-        except BoundedFileError as error:
-            raise ConfigError("--kubeconfig", name, error.detail) from None
-        if data is not None and not isinstance(data, dict):
-            raise ConfigError(
-                "--kubeconfig", name, "a kubeconfig YAML file: a mapping of clusters, users, contexts"
-            )
-
-
 class KubeClient:
     """Raw-JSON access to the parts of the Kubernetes API the agent uses.
 
@@ -141,10 +128,38 @@ class KubeClient:
     (done by `connect`) before using resource.k8s.io, and `close` it at the end.
     """
 
-    def __init__(self, api_client: Any, *, request_timeout: float = 10.0) -> None:
-        self._api = api_client
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        request_timeout: float = 10.0,
+        request_concurrency: int = REQUEST_CONCURRENCY,
+    ) -> None:
+        self._cfg = cfg
         self._timeout = request_timeout
         self._info: ServerInfo | None = None
+        self._base = str(cfg.host).rstrip("/")
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=CONNECTION_LIMIT,
+                keepalive_timeout=KEEPALIVE_SECONDS,
+                # Loading the system CA store costs ~0.1 s: only for HTTPS (in-cluster names its CA file).
+                ssl=_ssl_context(cfg) if self._base.startswith("https:") else False,
+            ),
+            # Watch events with large objects exceed aiohttp's default read buffer (as in kubernetes-asyncio).
+            read_bufsize=2**21,
+            # The proxy and the credentials are resolved once (below), not per request.
+            trust_env=False,
+        )
+        self._requests = anyio.Semaphore(request_concurrency)
+        self._options: dict[str, Any] = {}
+        proxy = cfg.proxy or _environment_proxy(self._base)
+        if proxy:
+            self._options["proxy"] = proxy
+            if cfg.proxy_headers:
+                self._options["proxy_headers"] = cfg.proxy_headers
+        if cfg.tls_server_name:
+            self._options["server_hostname"] = cfg.tls_server_name
 
     # ----- construction -------------------------------------------------------------------
 
@@ -153,28 +168,7 @@ class KubeClient:
         cls, mode: str = "auto", kubeconfig: Path | str | None = None, *, request_timeout: float = 10.0
     ) -> KubeClient:
         """Load credentials (in-cluster, kubeconfig or auto), then run API discovery."""
-        from kubernetes_asyncio import client, config
-
-        cfg = client.Configuration()
-        in_cluster = mode == "in-cluster" or (
-            mode == "auto" and kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST")
-        )
-        try:
-            if in_cluster:
-                config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            else:
-                await anyio.to_thread.run_sync(check_kubeconfig, kubeconfig)
-                await config.load_kube_config(
-                    config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg
-                )
-        except (config.ConfigException, OSError) as error:
-            where = (
-                "in-cluster service account" if in_cluster else f"kubeconfig {kubeconfig or '~/.kube/config'}"
-            )
-            raise KubeApiError(
-                f"cannot load Kubernetes credentials from the {where}: {error} "
-                "(set --kube and --kubeconfig, or run inside a Pod with a service account)"
-            ) from error
+        cfg = await load_credentials(mode, kubeconfig)
         kube = cls.from_configuration(cfg, request_timeout=request_timeout)
         try:
             await kube.discover()
@@ -186,15 +180,24 @@ class KubeClient:
     @classmethod
     def from_configuration(cls, cfg: Any, *, request_timeout: float = 10.0) -> KubeClient:
         """Wrap a kubernetes-asyncio `Configuration` (must run inside the event loop)."""
-        from kubernetes_asyncio import client
-
-        return cls(client.ApiClient(configuration=cfg), request_timeout=request_timeout)
+        return cls(cfg, request_timeout=request_timeout)
 
     async def close(self) -> None:
-        """Close the HTTP session."""
-        await self._api.close()
+        """Close the HTTP session and its connections."""
+        await self._session.close()
 
     # ----- low level ----------------------------------------------------------------------
+
+    async def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        # Runs the configuration's token refresh hook (exec plugins, rotated service-account tokens).
+        settings = self._cfg.auth_settings()
+        if inspect.isawaitable(settings):
+            settings = await settings
+        for setting in settings.values():
+            if setting.get("in") == "header" and setting.get("value"):
+                headers[str(setting["key"])] = str(setting["value"])
+        return headers
 
     async def _open(
         self,
@@ -203,18 +206,17 @@ class KubeClient:
         *,
         query: Sequence[tuple[str, str]] = (),
         body: Any = None,
-        timeout: Any = None,  # noqa: ASYNC109 - aiohttp's per-request timeout, not a cancel scope
-    ) -> Any:
+        timeout: aiohttp.ClientTimeout | None = None,  # noqa: ASYNC109 - aiohttp's per-request timeout
+    ) -> aiohttp.ClientResponse:
         try:
-            return await self._api.call_api(
-                path,
+            return await self._session.request(
                 method,
-                query_params=list(query),
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=timeout if timeout is not None else self._timeout,
+                self._base + path,
+                params=list(query) or None,
+                data=json.dumps(body) if body is not None else None,
+                headers=await self._headers(),
+                timeout=timeout or aiohttp.ClientTimeout(total=self._timeout),
+                **self._options,
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise KubeApiError(
@@ -230,6 +232,12 @@ class KubeClient:
         body: Any = None,
     ) -> dict[str, Any]:
         """Send one request and return the decoded JSON answer; raise `KubeApiError` if it failed."""
+        async with self._requests:
+            return await self._request(method, path, query=query, body=body)
+
+    async def _request(
+        self, method: str, path: str, *, query: Sequence[tuple[str, str]], body: Any
+    ) -> dict[str, Any]:
         response = await self._open(method, path, query=query, body=body)
         try:
             try:
@@ -279,14 +287,22 @@ class KubeClient:
             raise
         served = [str(v.get("version")) for v in group.get("versions", []) if isinstance(v, dict)]
         resources: dict[str, set[str]] = {}
-        for v in served:
+        errors: list[KubeApiError] = []
+
+        async def list_version(v: str) -> None:
             try:
                 listing = await self.request("GET", f"/apis/{RESOURCE_GROUP}/{v}")
             except KubeApiError as error:
-                if error.status == 404:
-                    continue
-                raise
+                if error.status != 404:
+                    errors.append(error)
+                return
             resources[v] = {str(r.get("name")) for r in listing.get("resources", []) if isinstance(r, dict)}
+
+        async with anyio.create_task_group() as tg:  # one round trip instead of one per version
+            for v in served:
+                tg.start_soon(list_version, v)
+        if errors:
+            raise errors[0]
         slice_version = next((v for v in SLICE_VERSIONS if "resourceslices" in resources.get(v, ())), None)
         if slice_version is None:
             raise KubeApiError(_NO_DRA_HELP, 404, "NotFound")
@@ -378,6 +394,10 @@ class KubeClient:
     async def create_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request("POST", self._slices_path(), body=dict(body))
 
+    async def dry_run_create_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate and default a slice as a create would, storing nothing (``dryRun=All``)."""
+        return await self.request("POST", self._slices_path(), query=[("dryRun", "All")], body=dict(body))
+
     async def update_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Replace a slice; its ``metadata.resourceVersion`` makes a stale update fail with 409."""
         name = str(body["metadata"]["name"])
@@ -408,36 +428,27 @@ class KubeClient:
         claim = await self.request("GET", path)
         return claim_to_v1(claim) if self.slice_version == "v1beta1" else claim
 
-    # ----- DeviceTaintRules ---------------------------------------------------------------
 
-    def _rules_path(self, name: str = "") -> str:
-        version = self.info.taint_rule_version
-        if version is None:
-            raise KubeApiError(
-                "the API server does not serve DeviceTaintRules (enable the DRADeviceTaintRules feature "
-                f"gate and --runtime-config={RESOURCE_GROUP}/v1alpha3=true)",
-                404,
-                "NotFound",
-            )
-        path = f"/apis/{RESOURCE_GROUP}/{version}/devicetaintrules"
-        return f"{path}/{name}" if name else path
+def _ssl_context(cfg: Any) -> ssl.SSLContext:
+    """TLS as the kubeconfig or service account says: CA, client certificate, verification."""
+    context = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+    if cfg.cert_file:
+        context.load_cert_chain(cfg.cert_file, keyfile=cfg.key_file)
+    if not cfg.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if getattr(cfg, "disable_strict_ssl_verification", False):
+        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    return context
 
-    async def list_device_taint_rules(self, label_selector: str = "") -> list[dict[str, Any]]:
-        query = [("labelSelector", label_selector)] if label_selector else []
-        data = await self.request("GET", self._rules_path(), query=query)
-        return [i for i in data.get("items", []) if isinstance(i, dict)]
 
-    async def create_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        rule = {"apiVersion": f"{RESOURCE_GROUP}/{self.info.taint_rule_version}", "kind": "DeviceTaintRule"}
-        return await self.request("POST", self._rules_path(), body={**rule, **body})
-
-    async def update_device_taint_rule(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        rule = {"apiVersion": f"{RESOURCE_GROUP}/{self.info.taint_rule_version}", "kind": "DeviceTaintRule"}
-        name = str(body["metadata"]["name"])
-        return await self.request("PUT", self._rules_path(name), body={**rule, **body})
-
-    async def delete_device_taint_rule(self, name: str, *, uid: str = "", resource_version: str = "") -> bool:
-        return await self._delete(self._rules_path(name), uid=uid, resource_version=resource_version)
+def _environment_proxy(url: str) -> str | None:
+    """The proxy ``HTTPS_PROXY``/``HTTP_PROXY`` name for `url`, unless ``NO_PROXY`` exempts it."""
+    scheme, _, rest = url.partition("://")
+    host = rest.split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
+    if urllib.request.proxy_bypass(host):
+        return None
+    return urllib.request.getproxies_environment().get(scheme)
 
 
 def _api_error(method: str, path: str, status: int, data: Any) -> KubeApiError:

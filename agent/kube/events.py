@@ -2,7 +2,8 @@
 
 Events are best effort: `EventRecorder.record` never raises, drops repeats of the same event
 within a window and rate-limits bursts (a token bucket), so a flapping device cannot flood the
-API server.
+API server. `EventQueue` sends them from its own task, so a slow events endpoint delays no
+caller (the publisher posts and goes on writing slices).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import itertools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 from agent.core.clock import Clock
 from agent.core.errors import KubeApiError
@@ -137,3 +140,32 @@ class EventRecorder:
             "lastTimestamp": stamp,
             "count": 1,
         }
+
+
+class EventQueue:
+    """A bounded queue of Events that `run` sends through an `EventRecorder`, one at a time.
+
+    `post` never waits: when the queue is full (the API server is slow or down) the Event is
+    dropped and counted, as the recorder drops bursts.
+    """
+
+    def __init__(self, recorder: EventRecorder, *, capacity: int = 64) -> None:
+        self._recorder = recorder
+        self._send, self._receive = anyio.create_memory_object_stream[tuple[str, str, str]](capacity)
+        self.dropped = 0
+        """Events dropped because the queue was full."""
+
+    def post(self, reason: str, message: str, type: str = NORMAL) -> bool:
+        """Queue an Event; False when the queue is full and it was dropped."""
+        try:
+            self._send.send_nowait((reason, message, type))
+        except anyio.WouldBlock:
+            self.dropped += 1
+            log.debug("event queue full; event dropped", extra=log_fields(reason=reason))
+            return False
+        return True
+
+    async def run(self) -> None:
+        """Send queued Events until cancelled."""
+        async for reason, message, type in self._receive:
+            await self._recorder.record(reason, message, type)

@@ -3,9 +3,12 @@
 One pool per driver, named after the node. Triggers (inventory changes, watch events on our
 slices, a resync timer) are coalesced by a short debounce and a minimum interval between
 writing passes, so a storm of health events becomes a few writes and the final state is always
-published. A pass lists our slices, deletes obsolete ones (with preconditions), updates changed
-ones in place and creates missing ones; when the stored slices already match (compared
-semantically: quantities by value, taints without ``timeAdded``) it writes nothing.
+published. A pass asks the pure pool reconciler (`agent.kube.pool`: the Go slice controller's rules) which
+writes turn the stored slices into the desired ones, and sends them: deletes (with
+preconditions), updates, creates; when the stored slices already match it writes nothing.
+What the server accepts (taints kept? the ``None`` effect?) comes from a dry-run probe
+(`agent.kube.capabilities`) at start and after a control-plane upgrade. Logs, Events (sent from
+their own queue and task) and metrics are in `agent.kube.report`.
 
 Failures are retried with capped, jittered exponential backoff; an episode of failures is logged
 once when it starts and once when it ends. `SlicePublisher.run` only ends by cancellation.
@@ -28,26 +31,18 @@ from agent.core.inventory import Inventory
 from agent.core.logs import log_fields
 from agent.core.model import Device
 from agent.health.taints import ClusterTaintSupport, DeviceTaint
-from agent.kube.client import KubeClient
-from agent.kube.events import NORMAL, WARNING, EventRecorder
-from agent.kube.slices import (
-    API_GROUP,
-    MAX_DEVICES_PER_SLICE,
-    chunk_names,
-    device_names,
-    device_to_api,
-    flat_device,
-    semantic_device,
-    taint_identity,
-)
-from agent.kube.taintrules import TaintRuleSync
-from agent.kube.validation import Problem, check_slice_spec, partition_entries
+from agent.kube import capabilities
+from agent.kube.capabilities import Capabilities
+from agent.kube.client import KubeClient, ServerInfo
+from agent.kube.events import EventQueue, EventRecorder
+from agent.kube.pool import PoolPlan, PoolTarget, desired_pool, plan_pool
+from agent.kube.report import PoolReport
+from agent.kube.slices import flat_device, server_minor, without_counters
+from agent.kube.validation import check_slice_spec
 from agent.observe.metrics import Metrics
 
 log = logging.getLogger("agent.kube.publisher")
 
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "dra-agent"
 RESOURCE = "resourceslices"
 _RETRYABLE = {0, 409, 429, 500, 502, 503, 504}
 # One failed pass is a blip the retry absorbs; this many in a row make the agent not ready.
@@ -73,11 +68,10 @@ class PassResult:
     created: int = 0
     updated: int = 0
     deleted: int = 0
-    rule_writes: int = 0
 
     @property
     def writes(self) -> int:
-        return self.created + self.updated + self.deleted + self.rule_writes
+        return self.created + self.updated + self.deleted
 
 
 class _Episode:
@@ -141,6 +135,7 @@ class SlicePublisher:
         watch_timeout_seconds: int = 300,
         rng: random.Random | None = None,
         on_published: Callable[[bool, str], None] | None = None,
+        event_queue_size: int = 64,
     ) -> None:
         self._kube = kube
         self._on_published = on_published
@@ -150,7 +145,8 @@ class SlicePublisher:
         self._policy = policy
         self._clock = clock
         self._metrics = metrics
-        self._events = events
+        self.events = EventQueue(events, capacity=event_queue_size) if events is not None else None
+        self._report = PoolReport(self.driver, metrics=metrics, events=self.events)
         self._debounce = debounce_seconds
         self._min_write_interval = min_write_interval
         self._resync = resync_seconds
@@ -158,21 +154,15 @@ class SlicePublisher:
         self._backoff_max = backoff_max
         self._watch_timeout = watch_timeout_seconds
         self._rng = rng or random.Random()
-        self._rules = TaintRuleSync(kube, self.driver, node_name, metrics=metrics)
         self._wake = anyio.Event()
         self._node_uid: str | None = None
         self._refresh_node = False
         self._own_versions: deque[str] = deque(maxlen=256)
         self._own_deletes: deque[str] = deque(maxlen=256)
-        self._slice_taints: bool | None = None  # None: not decided until discovery info is read
-        self._rules_cleanup = True
-        self._rules_broken = False
-        self._published_taints: dict[str, frozenset[tuple[str, str, str]]] = {}
-        self._reported: dict[str, str] = {}
-        self._last_refusal = ""
-        self._unpublishable: set[str] = set()
-        self._gauge_keys: set[tuple[str, str]] = set()
+        self._capabilities: Capabilities | None = None
+        self._counters_said: bool | None = None
         self._episode = _Episode(clock, self.driver)
+        self._last_refusal = ""
         self._last_write_at: float | None = None
         self._pass_lock = anyio.Lock()
         self.passes = 0
@@ -181,9 +171,14 @@ class SlicePublisher:
     # ----- public -------------------------------------------------------------------------
 
     @property
+    def capabilities(self) -> Capabilities | None:
+        """What the server accepts in our slices (None before the first pass)."""
+        return self._capabilities
+
+    @property
     def taints_in_slices(self) -> bool:
-        """False once the API server proved to drop slice taints (DeviceTaintRules are used then)."""
-        return self._slice_taints_enabled()
+        """False once the API server proved to drop slice taints (the devices are then unpublishable)."""
+        return self._capabilities is None or self._capabilities.slice_taints
 
     def trigger(self) -> None:
         """Ask for a reconcile pass soon."""
@@ -192,6 +187,8 @@ class SlicePublisher:
     async def run(self) -> None:
         """Publish until cancelled; never raises anything but cancellation."""
         async with anyio.create_task_group() as tg:
+            if self.events is not None:
+                tg.start_soon(self.events.run)
             tg.start_soon(self._follow_inventory)
             tg.start_soon(self._watch_slices)
             tg.start_soon(self._resync_timer)
@@ -209,8 +206,38 @@ class SlicePublisher:
         while True:
             await self._clock.sleep(self._resync)
             self._refresh_node = True
-            self._rules_broken = False  # a feature gate may have been turned on meanwhile
+            await self._rediscover()
             self._wake.set()
+
+    async def _rediscover(self) -> bool:
+        """Read the server's version again; probe again after an upgrade or while taints are dropped.
+
+        False when the server did not answer (the next reconcile pass reports that).
+        """
+        before = self._capabilities
+        try:
+            version = await self._kube.request("GET", "/version")
+            if before is not None and str(version.get("gitVersion", "")) == before.server_version:
+                info = self._kube.info  # unchanged: no new discovery (it logs)
+            else:
+                info = await self._kube.discover()
+        except KubeApiError:
+            return False
+        if before is not None and (
+            info.git_version != before.server_version or not before.slice_taints or not before.probed
+        ):
+            if info.git_version != before.server_version:
+                log.info(
+                    "the API server's version changed; probing what it accepts again",
+                    extra=log_fields(driver=self.driver, before=before.server_version, now=info.git_version),
+                )
+            self._capabilities = None
+            self._wake.set()
+        elif before is not None and before.counters is not None:
+            # Ask again at each resync (the gate may have changed). A gate turned off later keeps
+            # the counters of our slices (in use), so no write would show it; the probe's create would.
+            self._capabilities = before.with_counters(None)
+        return True
 
     async def _reconcile_loop(self) -> None:
         self._wake.set()
@@ -233,8 +260,6 @@ class SlicePublisher:
                 self._wake.set()
                 continue
             self._episode.ok()
-            if self._on_published is not None:
-                self._on_published(True, "")
             if result.writes:
                 self._last_write_at = self._clock.monotonic()
 
@@ -270,10 +295,17 @@ class SlicePublisher:
     async def _watch_slices(self) -> None:
         resource_version = ""
         failures = 0
+        recheck = False
         while True:
             reason = "closed"
             try:
                 await self._kube.ensure_discovered()
+                if recheck:
+                    # A control-plane upgrade restarts the API server and cuts the watch: read its
+                    # version before watching again.
+                    if not await self._rediscover():
+                        raise KubeApiError("GET /version: the API server did not answer")
+                    recheck = False
                 if not resource_version:
                     _, resource_version = await self._kube.list_resource_slices(
                         node_name=self._node, driver=self.driver
@@ -305,7 +337,7 @@ class SlicePublisher:
                 if error.status == 410:
                     reason, resource_version = "expired", ""
                 else:
-                    reason = "error"
+                    reason, recheck = "error", True
                     failures += 1
                     log.debug("slice watch failed", extra=log_fields(driver=self.driver, error=str(error)))
                     self._wake.set()  # a reconcile pass notices (and logs) an outage
@@ -328,17 +360,6 @@ class SlicePublisher:
 
     # ----- one pass -----------------------------------------------------------------------
 
-    def _slice_taints_enabled(self) -> bool:
-        if self._slice_taints is None:
-            self._slice_taints = self._kube.info.slice_taints_possible
-            if not self._slice_taints:
-                log.warning(
-                    "this Kubernetes version has no device taints in ResourceSlices; using DeviceTaintRules "
-                    "where served",
-                    extra=log_fields(driver=self.driver, server=self._kube.info.git_version),
-                )
-        return self._slice_taints
-
     async def _ensure_node(self) -> str:
         if self._node_uid is None or self._refresh_node:
             try:
@@ -356,198 +377,129 @@ class SlicePublisher:
             self._refresh_node = False
         return self._node_uid
 
+    async def _ensure_capabilities(self) -> Capabilities:
+        if self._capabilities is not None:
+            return self._capabilities
+        info = await self._kube.ensure_discovered()
+        try:
+            found = await capabilities.probe(self._kube, info, driver=self.driver, node_name=self._node)
+        except KubeApiError as error:
+            if error.status in (0, 429) or error.status >= 500:
+                raise  # an outage: retried with backoff like any pass
+            found = capabilities.guess(info)
+            log.warning(
+                "cannot probe what the API server accepts in ResourceSlices; going by its version until the "
+                "next resync",
+                extra=capabilities.describe(found, driver=self.driver, error=str(error)),
+            )
+        else:
+            log.info("API server capabilities probed", extra=capabilities.describe(found, driver=self.driver))
+        self._capabilities = found
+        return found
+
+    async def _probe_counters(self, caps: Capabilities, info: ServerInfo) -> Capabilities:
+        """`caps` with `Capabilities.counters` asked of the server (kept, when it cannot say)."""
+        try:
+            kept = await capabilities.probe_counters(
+                self._kube, info, driver=self.driver, node_name=self._node
+            )
+        except KubeApiError as error:
+            if error.status in (0, 429) or error.status >= 500:
+                raise  # an outage: retried with backoff like any pass
+            # Refused: the writes show whether counters are dropped (`_counters_dropped`), and
+            # what they showed stands (no rewrite with counters at each resync).
+            kept = self._counters_said is not False
+            log.warning(
+                "cannot probe whether the API server keeps shared counters",
+                extra=log_fields(driver=self.driver, error=str(error), assumed=kept),
+            )
+        if kept != self._counters_said:
+            self._counters_said = kept
+            log.info("API server shared counters probed", extra=log_fields(driver=self.driver, kept=kept))
+        self._capabilities = caps.with_counters(kept)
+        return self._capabilities
+
     async def reconcile(self) -> PassResult:
-        """One pass: make our slices (and taint rules) match the inventory. Raises on API errors."""
+        """One pass: make our slices match the inventory. Raises on API errors."""
         async with self._pass_lock:  # passes never overlap (a direct call may race the loop)
             return await self._reconcile()
 
     async def _reconcile(self) -> PassResult:
         self.passes += 1
         started = self._clock.monotonic()
-        info = await self._kube.ensure_discovered()
-        node_uid = await self._ensure_node()
-        devices = self._inventory.devices()
-        support = info.taint_support
-        taint_map = self._policy.taint_map(devices, support)
-        slice_taints = self._slice_taints_enabled()
-        entries, problems = self._entries(devices, taint_map if slice_taints else {}, info.slice_version)
-        valid, rejected = partition_entries(entries, support)
-        await self._report_rejections([*problems, *rejected])
-        valid_names = [str(e["name"]) for e in valid]
-        published_taints = {n: taint_map[n] for n in valid_names if n in taint_map}
-        limit = info.max_devices_with_taints if slice_taints else MAX_DEVICES_PER_SLICE
         for problem in check_slice_spec(
-            driver=self.driver, node_name=self._node, pool_name=self._node, device_count=0, max_devices=limit
+            driver=self.driver, node_name=self._node, pool_name=self._node, device_count=0
         ):
             # The whole pool is unpublishable (bad driver or node name): a config error, not retried fast.
             raise KubeApiError(f"cannot publish ResourceSlices: {problem}", 422, "Invalid")
-        chunks = chunk_names(valid_names, set(), limit, limit)
-        by_name: dict[str, dict[str, Any]] = {str(e["name"]): dict(e) for e in valid}
-
-        current, _ = await self._kube.list_resource_slices(node_name=self._node, driver=self.driver)
-        applied = await self._apply(
-            current, [[by_name[n] for n in c] for c in chunks], node_uid, info.slice_version
+        info = await self._kube.ensure_discovered()
+        caps = await self._ensure_capabilities()
+        node_uid = await self._ensure_node()
+        devices: Sequence[Device] = self._inventory.devices()
+        if caps.counters is None and any(d.counter_sets or d.consumes_counters for d in devices):
+            caps = await self._probe_counters(caps, info)
+        withheld: list[str] = []
+        if caps.counters is False:
+            devices, withheld = without_counters(devices)
+        wanted = self._policy.taint_map(devices, caps.taint_support)
+        desired = desired_pool(
+            devices,
+            wanted if caps.slice_taints else {},
+            support=caps.taint_support,
+            api_version=info.slice_version,
+            max_devices=caps.max_devices_per_slice,
+            minor=server_minor(info.git_version),
         )
-        if (applied.created or applied.updated) and self._taints_dropped_in(
-            applied, published_taints if slice_taints else {}
-        ):
-            # The stored slices lack our taints: DRADeviceTaints is off. Adopt the stored form.
-            self._slice_taints = False
-            self._wake.set()
-        rule_writes = await self._sync_rules(published_taints, slice_taints=self._slice_taints_enabled())
-        result = PassResult(applied.created, applied.updated, applied.deleted, rule_writes)
-        await self._after_pass(result, published_taints, len(chunks), started)
-        return result
-
-    def _entries(
-        self, devices: Sequence[Device], taints: Mapping[str, Sequence[DeviceTaint]], api_version: str
-    ) -> tuple[list[dict[str, Any]], list[Problem]]:
-        entries: list[dict[str, Any]] = []
-        problems: list[Problem] = []
-        for device in devices:
-            try:
-                entries.append(device_to_api(device, taints.get(device.name, ()), api_version))
-            except Exception as error:  # a malformed device must not stop the others
-                problems.append(
-                    Problem(str(getattr(device, "name", "?")), "device", str(error), "conversion")
-                )
-        return entries, problems
-
-    async def _report_rejections(self, problems: Sequence[Problem]) -> None:
-        now_bad = {p.device: str(p) for p in problems}
-        for problem in problems:
-            if self._reported.get(problem.device) == str(problem):
-                continue
-            self._reported[problem.device] = str(problem)
-            log.error(
-                "device left out of the ResourceSlice: it breaks an API server rule",
-                extra=log_fields(driver=self.driver, device=problem.device, problem=str(problem)),
+        self._report.rejected(desired.problems)
+        current, _ = await self._kube.list_resource_slices(node_name=self._node, driver=self.driver)
+        target = PoolTarget(self.driver, self._node, node_uid, info.slice_version)
+        plan = plan_pool(current, desired.chunks, target, desired.counters)
+        stored = await self._apply(plan)
+        published = desired.taints
+        dropped = _taints_dropped(plan, stored) if desired.taints else ""
+        if dropped:
+            # The stored slices lack our taints: DRADeviceTaints is off. Stop sending them (the
+            # next pass rewrites the slices without) until a probe finds them kept again.
+            log.warning(
+                "the API server dropped the device taints from our ResourceSlice (feature gate "
+                "DRADeviceTaints is off)",
+                extra=log_fields(driver=self.driver, device=dropped),
             )
             if self._metrics is not None:
-                self._metrics.rejected_devices.labels(self.driver, problem.reason).inc()
-            if self._events is not None:
-                await self._events.record(
-                    "DeviceRejected",
-                    f"{self.driver}: device {problem.device} is not published: {problem}",
-                    WARNING,
-                )
-        for device in [d for d in self._reported if d not in now_bad]:
-            del self._reported[device]
-
-    def _desired_slice(
-        self,
-        entries: Sequence[Mapping[str, Any]],
-        *,
-        generation: int,
-        count: int,
-        node_uid: str,
-        api_version: str,
-        current: Mapping[str, Any] | None,
-    ) -> dict[str, Any]:
-        metadata: dict[str, Any] = {}
-        if current is not None:
-            old = current.get("metadata", {})
-            metadata = {k: v for k, v in old.items() if k not in ("managedFields",)}
-            entries = [_keep_time_added(e, current) for e in entries]
-        else:
-            metadata["generateName"] = f"{self._node}-{self.driver}-"
-        metadata["labels"] = {**metadata.get("labels", {}), MANAGED_BY_LABEL: MANAGED_BY}
-        metadata["ownerReferences"] = [
-            {"apiVersion": "v1", "kind": "Node", "name": self._node, "uid": node_uid, "controller": True}
-        ]
-        return {
-            "apiVersion": f"{API_GROUP}/{api_version}",
-            "kind": "ResourceSlice",
-            "metadata": metadata,
-            "spec": {
-                "driver": self.driver,
-                "nodeName": self._node,
-                "pool": {"name": self._node, "generation": generation, "resourceSliceCount": count},
-                "devices": list(entries),
-            },
-        }
-
-    def _differs(self, current: Mapping[str, Any], desired: Mapping[str, Any], generation: int) -> bool:
-        spec = current.get("spec", {})
-        want = desired["spec"]
-        pool = spec.get("pool", {})
-        if (
-            pool.get("name") != self._node
-            or pool.get("generation") != generation
-            or pool.get("resourceSliceCount") != want["pool"]["resourceSliceCount"]
-            or spec.get("nodeName") != self._node
-            or any(
-                spec.get(k) for k in ("nodeSelector", "allNodes", "perDeviceNodeSelection", "sharedCounters")
+                self._metrics.dropped_taint_fallbacks.labels(self.driver).inc()
+            caps = self._capabilities = caps.without_slice_taints()
+            published = {}
+            self._wake.set()
+        if counters_dropped := _counters_dropped(stored):
+            # DRAPartitionableDevices is off though the probe said otherwise (or could not ask):
+            # the next pass publishes the whole devices only, until a probe finds counters kept.
+            log.warning(
+                "the API server dropped the shared counters from our ResourceSlice (feature gate "
+                "DRAPartitionableDevices is off)",
+                extra=log_fields(driver=self.driver, device=counters_dropped),
             )
-        ):
-            return True
-        meta = current.get("metadata", {})
-        if meta.get("labels", {}).get(MANAGED_BY_LABEL) != MANAGED_BY:
-            return True
-        owners = meta.get("ownerReferences") or []
-        if [(o.get("kind"), o.get("name"), o.get("uid"), o.get("controller")) for o in owners] != [
-            ("Node", self._node, desired["metadata"]["ownerReferences"][0]["uid"], True)
-        ]:
-            return True
-        have = [semantic_device(d) for d in spec.get("devices") or []]
-        return have != [semantic_device(d) for d in want["devices"]]
-
-    async def _apply(
-        self,
-        current: list[dict[str, Any]],
-        chunks: list[list[dict[str, Any]]],
-        node_uid: str,
-        api_version: str,
-    ) -> _Applied:
-        ours = [s for s in current if s.get("spec", {}).get("pool", {}).get("name") == self._node]
-        obsolete = [s for s in current if s not in ours]
-        generation = max((int(s["spec"]["pool"].get("generation", 0)) for s in ours), default=0)
-        stale = [s for s in ours if int(s["spec"]["pool"].get("generation", 0)) < generation]
-        obsolete += stale
-        ours = [s for s in ours if s not in stale]
-
-        # Pair desired chunks with current slices: one-to-one, else by identical device-name sets.
-        pairs: list[tuple[list[dict[str, Any]], dict[str, Any] | None]] = []
-        if len(ours) == 1 and len(chunks) == 1:
-            pairs = [(chunks[0], ours[0])]
-        else:
-            free = list(ours)
-            for chunk in chunks:
-                names = frozenset(str(e["name"]) for e in chunk)
-                match = next((s for s in free if device_names(s) == names), None)
-                if match is not None:
-                    free.remove(match)
-                pairs.append((chunk, match))
-            obsolete += free
-        count = len(chunks)
-        changed = [
-            (chunk, cur)
-            for chunk, cur in pairs
-            if cur is not None
-            and self._differs(
-                cur,
-                self._desired_slice(
-                    chunk,
-                    generation=generation,
-                    count=count,
-                    node_uid=node_uid,
-                    api_version=api_version,
-                    current=cur,
-                ),
-                generation,
+            caps = self._capabilities = caps.with_counters(False)
+            self._counters_said = False
+            self._wake.set()
+        if not caps.slice_taints:
+            valid = {str(e["name"]) for chunk in desired.chunks for e in chunk}
+            detail = self._report.unpublishable(
+                {d: t for d, t in wanted.items() if d in valid}, info.git_version
             )
-        ]
-        new = [chunk for chunk, cur in pairs if cur is None]
-        # Bump the generation when the pool's layout changes (slices added or removed), so consumers
-        # never combine old and new layouts. Unlike the Go helper we do not bump when only device
-        # contents change (taints): each device stays in one slice, and a storm then rewrites only
-        # the slices whose devices changed instead of every slice of the pool.
-        if ours and (new or obsolete):
-            generation += 1
-            changed = [(chunk, cur) for chunk, cur in pairs if cur is not None]
+        else:
+            detail = self._report.unpublishable({}, info.git_version)
+        detail = "; ".join(
+            x for x in (detail, self._report.counters_unpublishable(withheld, info.git_version)) if x
+        )
+        result = PassResult(len(plan.creates), len(plan.updates), len(plan.deletes))
+        self._after_pass(result, published, len(desired.chunks), started)
+        if self._on_published is not None:
+            self._on_published(True, detail)
+        return result
 
-        applied = _Applied()
-        for old in obsolete:
+    async def _apply(self, plan: PoolPlan) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Send the plan's writes; returns (sent, stored) for each create and update."""
+        for old in plan.deletes:
             meta = old.get("metadata", {})
             name = str(meta.get("name", ""))
             self._own_deletes.append(name)
@@ -557,32 +509,12 @@ class SlicePublisher:
                     name, uid=str(meta.get("uid", "")), resource_version=str(meta.get("resourceVersion", ""))
                 ),
             )
-            applied.deleted += 1
-        for chunk, cur in changed:
-            body = self._desired_slice(
-                chunk,
-                generation=generation,
-                count=count,
-                node_uid=node_uid,
-                api_version=api_version,
-                current=cur,
-            )
-            stored = await self._write("update", self._kube.update_resource_slice(body))
-            applied.updated += 1
-            applied.stored.append((body, stored))
-        for chunk in new:
-            body = self._desired_slice(
-                chunk,
-                generation=generation,
-                count=count,
-                node_uid=node_uid,
-                api_version=api_version,
-                current=None,
-            )
-            stored = await self._write("create", self._kube.create_resource_slice(body))
-            applied.created += 1
-            applied.stored.append((body, stored))
-        return applied
+        stored: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        for body in plan.updates:
+            stored.append((body, await self._write("update", self._kube.update_resource_slice(body))))
+        for body in plan.creates:
+            stored.append((body, await self._write("create", self._kube.create_resource_slice(body))))
+        return stored
 
     async def _write(self, verb: str, call: Any) -> dict[str, Any]:
         try:
@@ -602,71 +534,7 @@ class SlicePublisher:
             return stored
         return {}
 
-    def _taints_dropped_in(self, applied: _Applied, taints: Mapping[str, Sequence[DeviceTaint]]) -> bool:
-        if not taints:
-            return False
-        for sent, stored in applied.stored:
-            stored_devices = {
-                str(d.get("name")): flat_device(d) for d in stored.get("spec", {}).get("devices") or []
-            }
-            for entry in sent["spec"]["devices"]:
-                flat = flat_device(entry)
-                if flat.get("taints") and not stored_devices.get(str(flat.get("name")), {}).get("taints"):
-                    log.warning(
-                        "the API server dropped the device taints from our ResourceSlice (feature gate "
-                        "DRADeviceTaints is off); publishing taints as DeviceTaintRules instead",
-                        extra=log_fields(driver=self.driver, device=flat.get("name")),
-                    )
-                    if self._metrics is not None:
-                        self._metrics.dropped_taint_fallbacks.labels(self.driver).inc()
-                    return True
-        return False
-
-    async def _sync_rules(self, taints: Mapping[str, Sequence[DeviceTaint]], *, slice_taints: bool) -> int:
-        if slice_taints and not self._rules_cleanup:
-            return 0
-        wanted = {} if slice_taints else taints
-        if not self._rules.supported or self._rules_broken:
-            await self._report_unpublishable(wanted)
-            self._rules_cleanup = False
-            return 0
-        try:
-            writes = await self._rules.sync(wanted)
-        except KubeApiError as error:
-            if error.status not in (403, 404, 405):
-                raise
-            self._rules_broken = True
-            log.error(
-                "DeviceTaintRules cannot be written; unhealthy devices stay published without taints",
-                extra=log_fields(driver=self.driver, error=str(error)),
-            )
-            await self._report_unpublishable(wanted)
-            return 0
-        if slice_taints:
-            self._rules_cleanup = False
-        self._unpublishable = set()
-        return writes
-
-    async def _report_unpublishable(self, taints: Mapping[str, Sequence[DeviceTaint]]) -> None:
-        for device in sorted(set(taints) - self._unpublishable):
-            text = ", ".join(_taint_text(t) for t in taints[device])
-            log.error(
-                "device is unhealthy but the cluster accepts neither slice taints nor DeviceTaintRules; "
-                "it stays published (enable the DRADeviceTaints and DRADeviceTaintRules feature gates)",
-                extra=log_fields(driver=self.driver, device=device, taints=text),
-            )
-            if self._metrics is not None:
-                self._metrics.publish_errors.labels(self.driver, "taints_unsupported").inc()
-            if self._events is not None:
-                await self._events.record(
-                    "DeviceTaintUnsupported",
-                    f"{self.driver}: device {device} should be tainted ({text}) but the cluster accepts no "
-                    "device taints",
-                    WARNING,
-                )
-        self._unpublishable = set(taints)
-
-    async def _after_pass(
+    def _after_pass(
         self,
         result: PassResult,
         taints: Mapping[str, Sequence[DeviceTaint]],
@@ -677,104 +545,48 @@ class SlicePublisher:
             log.info(
                 "ResourceSlices published",
                 extra=log_fields(
-                    driver=self.driver,
-                    created=result.created,
-                    updated=result.updated,
-                    deleted=result.deleted,
-                    taint_rule_writes=result.rule_writes,
+                    driver=self.driver, created=result.created, updated=result.updated, deleted=result.deleted
                 ),
             )
         if self._metrics is not None:
             self._metrics.slices_published.labels(self.driver).set(slice_count)
             if result.writes:
                 self._metrics.publish_latency.labels(self.driver).observe(self._clock.monotonic() - started)
-            counts: dict[tuple[str, str], int] = {}
-            for device_taints in taints.values():
-                for t in device_taints:
-                    counts[(t.key, t.effect)] = counts.get((t.key, t.effect), 0) + 1
-            for key in self._gauge_keys | set(counts):
-                self._metrics.taints.labels(self.driver, key[0], key[1]).set(counts.get(key, 0))
-            self._gauge_keys |= set(counts)
-        await self._taint_events(taints)
-
-    async def _taint_events(self, taints: Mapping[str, Sequence[DeviceTaint]]) -> None:
-        now = {d: frozenset(taint_identity(_taint_dict(t)) for t in ts) for d, ts in taints.items()}
-        health = {d.name: d.health for d in self._inventory.devices()}
-        for device in sorted(set(now) | set(self._published_taints)):
-            added = now.get(device, frozenset()) - self._published_taints.get(device, frozenset())
-            lifted = self._published_taints.get(device, frozenset()) - now.get(device, frozenset())
-            for key, value, effect in sorted(added):
-                why = health[device].message if device in health else ""
-                log.info(
-                    "device tainted",
-                    extra=log_fields(
-                        driver=self.driver, device=device, taint=key, value=value, effect=effect
-                    ),
-                )
-                if self._events is not None:
-                    await self._events.record(
-                        "DeviceTainted",
-                        f"{self.driver}: device {device} tainted {_identity_text(key, value, effect)}"
-                        + (f": {why}" if why else ""),
-                        WARNING,
-                    )
-            for key, value, effect in sorted(lifted):
-                log.info(
-                    "device taint lifted",
-                    extra=log_fields(
-                        driver=self.driver, device=device, taint=key, value=value, effect=effect
-                    ),
-                )
-                if self._events is not None:
-                    reason = "the device is gone" if device not in health else "the condition cleared"
-                    await self._events.record(
-                        "DeviceTaintLifted",
-                        f"{self.driver}: device {device} taint {_identity_text(key, value, effect)} "
-                        f"lifted: {reason}",
-                        NORMAL,
-                    )
-        self._published_taints = now
+        self._report.published(taints, {d.name: d.health.message for d in self._inventory.devices()})
 
 
-@dataclass
-class _Applied:
-    created: int = 0
-    updated: int = 0
-    deleted: int = 0
-
-    def __post_init__(self) -> None:
-        self.stored: list[tuple[dict[str, Any], dict[str, Any]]] = []
-
-
-def _taint_dict(taint: DeviceTaint) -> dict[str, str]:
-    return {"key": taint.key, "value": taint.value, "effect": taint.effect}
-
-
-def _identity_text(key: str, value: str, effect: str) -> str:
-    return f"{key}{'=' + value if value else ''}:{effect}"
-
-
-def _taint_text(taint: DeviceTaint) -> str:
-    return _identity_text(taint.key, taint.value, taint.effect)
+def _taints_dropped(plan: PoolPlan, stored: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> str:
+    """A device whose taints a create or update sent and the answer lacks ("" if none): the Go
+    controller's ``DroppedFieldsError`` for ``DRADeviceTaints``."""
+    if not plan.creates and not plan.updates:
+        return ""
+    for sent, answer in stored:
+        kept = {
+            str(d.get("name")): bool(flat_device(d).get("taints"))
+            for d in answer.get("spec", {}).get("devices") or []
+            if isinstance(d, Mapping)
+        }
+        for entry in sent["spec"]["devices"]:
+            if flat_device(entry).get("taints") and not kept.get(str(entry.get("name")), False):
+                return str(entry.get("name"))
+    return ""
 
 
-def _keep_time_added(entry: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
-    """Carry over the stored ``timeAdded`` of taints that stay, so an update does not reset it."""
-    name = entry.get("name")
-    stored = next(
-        (flat_device(d) for d in current.get("spec", {}).get("devices") or [] if d.get("name") == name), None
-    )
-    if not stored or not stored.get("taints"):
-        return dict(entry)
-    times = {taint_identity(t): t.get("timeAdded") for t in stored["taints"] if t.get("timeAdded")}
-    wrapped = "basic" in entry
-    body = dict(entry["basic"] if wrapped else entry)
-    if not body.get("taints"):
-        return dict(entry)
-    body["taints"] = [
-        {**t, "timeAdded": times[taint_identity(t)]}
-        if taint_identity(t) in times and "timeAdded" not in t
-        else t
-        for t in body["taints"]
-    ]
-    return {"name": name, "basic": body} if wrapped else body
+def _counters_dropped(stored: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> str:
+    """A counter set or consuming device that a create or update sent and the answer lacks ("" if
+    none): ``dropDisabledDRAPartitionableDevicesFields`` at work."""
+    for sent, answer in stored:
+        if not answer:
+            continue  # no body to compare (a fake client)
+        spec, kept = sent.get("spec", {}), answer.get("spec", {})
+        if spec.get("sharedCounters") and not kept.get("sharedCounters"):
+            return str(spec["sharedCounters"][0].get("name"))
+        consuming = {
+            str(d.get("name"))
+            for d in kept.get("devices") or []
+            if isinstance(d, Mapping) and flat_device(d).get("consumesCounters")
+        }
+        for entry in spec.get("devices") or []:
+            if flat_device(entry).get("consumesCounters") and str(entry.get("name")) not in consuming:
+                return str(entry.get("name"))
+    return ""

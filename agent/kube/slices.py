@@ -7,19 +7,24 @@ v1beta1 wraps each device's fields in ``basic``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.core.errors import QuantityError
-from agent.core.model import Device, Version
+from agent.core.model import MAX_COUNTER_SETS_PER_SLICE, CounterSet, Device, Version
 from agent.core.quantity import Quantity
 from agent.health.taints import DeviceTaint
 
 MAX_DEVICES_PER_SLICE = 128
+"""Devices per slice (upstream ``ResourceSliceMaxDevices``)."""
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+"""From 1.35, when a device has taints (``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters``)."""
 API_GROUP = "resource.k8s.io"
 API_VERSIONS = ("v1", "v1beta2", "v1beta1")
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "dra-agent"
 
 
 def qualify(name: str, driver: str) -> str:
@@ -64,6 +69,11 @@ def device_to_api(
         body["capacity"] = {
             _strip(k, device.driver): _capacity(device, k, q) for k, q in sorted(device.capacity.items())
         }
+    if device.consumes_counters:
+        body["consumesCounters"] = [
+            {"counterSet": c.counter_set, "counters": _counters_to_api(c.counters)}
+            for c in device.consumes_counters
+        ]
     if taints:
         body["taints"] = [taint_to_api(t) for t in taints]
     if api_version == "v1beta1":
@@ -84,90 +94,8 @@ def _strip(name: str, driver: str) -> str:
     return name[len(prefix) :] if name.startswith(prefix) else name
 
 
-def chunk_devices(
-    devices: Sequence[Device],
-    tainted: set[str],
-    max_devices: int = MAX_DEVICES_PER_SLICE,
-    max_with_taints: int = MAX_DEVICES_PER_SLICE_WITH_TAINTS,
-) -> list[list[Device]]:
-    """Split devices into slices: at most `max_devices` each, `max_with_taints` if any is tainted.
-
-    Devices keep a stable order (by name) so that one device's change touches one slice.
-    """
-    ordered = sorted(devices, key=lambda d: _natural_key(d.name))
-    limit = max_with_taints if tainted else max_devices
-    chunks = [list(ordered[i : i + limit]) for i in range(0, len(ordered), limit)]
-    return chunks or [[]]
-
-
 def _natural_key(name: str) -> list[Any]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
-
-
-def build_slice(
-    *,
-    driver: str,
-    node_name: str,
-    node_uid: str,
-    devices: Sequence[Device],
-    taints: Mapping[str, Sequence[DeviceTaint]],
-    generation: int,
-    slice_count: int,
-    api_version: str = "v1",
-    name: str | None = None,
-) -> dict[str, Any]:
-    """One ResourceSlice object of our pool (``generateName`` unless `name` is given)."""
-    metadata: dict[str, Any] = {
-        "labels": {"app.kubernetes.io/managed-by": "dra-agent"},
-    }
-    if name:
-        metadata["name"] = name
-    else:
-        metadata["generateName"] = f"{node_name}-{driver}-"
-    if node_uid:
-        metadata["ownerReferences"] = [
-            {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
-        ]
-    return {
-        "apiVersion": f"{API_GROUP}/{api_version}",
-        "kind": "ResourceSlice",
-        "metadata": metadata,
-        "spec": {
-            "driver": driver,
-            "nodeName": node_name,
-            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": slice_count},
-            "devices": [device_to_api(d, taints.get(d.name, ()), api_version) for d in devices],
-        },
-    }
-
-
-def build_pool(
-    *,
-    driver: str,
-    node_name: str,
-    node_uid: str,
-    devices: Sequence[Device],
-    taints: Mapping[str, Sequence[DeviceTaint]],
-    generation: int = 0,
-    api_version: str = "v1",
-    max_with_taints: int = MAX_DEVICES_PER_SLICE_WITH_TAINTS,
-) -> list[dict[str, Any]]:
-    """All slices of one driver's pool on this node (at least one, even when empty)."""
-    tainted = {name for name, ts in taints.items() if ts}
-    chunks = chunk_devices(devices, tainted, max_with_taints=max_with_taints)
-    return [
-        build_slice(
-            driver=driver,
-            node_name=node_name,
-            node_uid=node_uid,
-            devices=chunk,
-            taints=taints,
-            generation=generation,
-            slice_count=len(chunks),
-            api_version=api_version,
-        )
-        for chunk in chunks
-    ]
 
 
 def natural_sorted(names: Sequence[str]) -> list[str]:
@@ -231,7 +159,27 @@ def semantic_device(entry: Mapping[str, Any]) -> tuple[Any, ...]:
         tuple(sorted((str(k), _quantity_key(v), repr(_policy_key(v))) for k, v in capacity.items())),
         tuple(sorted(taint_identity(t) for t in taints if isinstance(t, Mapping))),
         flat.get("allowMultipleAllocations") is True,
+        _consumption_key(flat.get("consumesCounters") or []),
     )
+
+
+def _consumption_key(consumptions: Any) -> tuple[Any, ...]:
+    """``consumesCounters`` (or ``sharedCounters``) by value, so a moved MIG placement is a change."""
+    if not isinstance(consumptions, list):
+        return ()
+    return tuple(
+        (
+            str(c.get("counterSet", c.get("name"))),
+            tuple(sorted((str(k), _quantity_key(v)) for k, v in (c.get("counters") or {}).items())),
+        )
+        for c in consumptions
+        if isinstance(c, Mapping)
+    )
+
+
+def semantic_counters(counter_sets: Any) -> tuple[Any, ...]:
+    """A comparable form of ``spec.sharedCounters`` (quantities by value)."""
+    return _consumption_key(counter_sets or [])
 
 
 def device_names(slice_obj: Mapping[str, Any]) -> frozenset[str]:
@@ -240,24 +188,219 @@ def device_names(slice_obj: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(str(d.get("name")) for d in devices if isinstance(d, Mapping))
 
 
-def chunk_names(
-    names: Sequence[str], tainted: set[str], max_devices: int, max_with_taints: int
-) -> list[list[str]]:
-    """Split device names (natural order) into slices; one with a tainted device holds `max_with_taints`.
+def chunk_names(names: Sequence[str], max_devices: int) -> list[list[str]]:
+    """Split device names (natural order) into slices of at most `max_devices` (at least one slice).
 
-    Chunks fill greedily, so an untainted pool keeps the 128-device layout.
+    A stable order keeps one device's change inside one slice.
     """
+    ordered = natural_sorted(names)
+    chunks = [ordered[i : i + max_devices] for i in range(0, len(ordered), max_devices)]
+    return chunks or [[]]
+
+
+def keep_time_added(entry: Mapping[str, Any], stored: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`entry` with the stored ``timeAdded`` of taints that stay (key, value and effect equal).
+
+    As the Go slice controller's ``copyTaintTimeAdded``: an update must not reset when a taint began.
+    """
+    if not stored:
+        return dict(entry)
+    times = {
+        taint_identity(t): t["timeAdded"]
+        for t in flat_device(stored).get("taints") or []
+        if isinstance(t, Mapping) and t.get("timeAdded")
+    }
+    wrapped = "basic" in entry
+    body = dict(entry["basic"] if wrapped else entry)
+    if not times or not body.get("taints"):
+        return dict(entry)
+    body["taints"] = [
+        {**t, "timeAdded": times[taint_identity(t)]}
+        if "timeAdded" not in t and taint_identity(t) in times
+        else t
+        for t in body["taints"]
+    ]
+    return {"name": entry.get("name"), "basic": body} if wrapped else body
+
+
+def build_slice(
+    *,
+    driver: str,
+    node_name: str,
+    node_uid: str,
+    entries: Sequence[Mapping[str, Any]],
+    generation: int,
+    slice_count: int,
+    api_version: str = "v1",
+    current: Mapping[str, Any] | None = None,
+    shared_counters: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """One ResourceSlice of our pool (named after the node), owned by the Node.
+
+    The only slice builder: the publisher writes what it returns and ``--kube none`` prints it.
+    A new slice gets ``generateName``; an update of `current` keeps its metadata (name,
+    resourceVersion for the precondition) and the ``timeAdded`` of taints that stay.
+    """
+    if current is not None:
+        metadata = {k: v for k, v in current.get("metadata", {}).items() if k != "managedFields"}
+        stored = {str(d.get("name")): d for d in current.get("spec", {}).get("devices") or []}
+        entries = [keep_time_added(e, stored.get(str(e.get("name")))) for e in entries]
+    else:
+        metadata = {"generateName": f"{node_name}-{driver}-"}
+    metadata["labels"] = {**metadata.get("labels", {}), MANAGED_BY_LABEL: MANAGED_BY}
+    metadata["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
+    ]
+    slice_obj: dict[str, Any] = {
+        "apiVersion": f"{API_GROUP}/{api_version}",
+        "kind": "ResourceSlice",
+        "metadata": metadata,
+        "spec": {
+            "driver": driver,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": slice_count},
+            "devices": [dict(e) for e in entries],
+        },
+    }
+    if shared_counters:
+        slice_obj["spec"]["sharedCounters"] = [dict(c) for c in shared_counters]
+        if not entries:
+            # From 1.35 a slice holds counters or devices; an empty list counts as set.
+            del slice_obj["spec"]["devices"]
+    return slice_obj
+
+
+# -- partitionable devices (DRAPartitionableDevices, KEP-4815) ---------------------------------
+
+MAX_SHARED_COUNTERS_1_34 = 32
+"""1.33/1.34 ``ResourceSliceMaxSharedCounters``: counters in all the counter sets of a slice."""
+MAX_DEVICE_COUNTERS_PER_SLICE_1_34 = 1024
+"""1.33/1.34 ``ResourceSliceMaxDeviceCountersPerSlice``: counters consumed by all devices of a slice."""
+SEPARATE_COUNTERS_FROM = 35
+"""From 1.35 ``sharedCounters`` and ``devices`` may not share a slice."""
+
+
+def server_minor(git_version: str) -> int | None:
+    """34 for ``v1.34.2`` (None when the version cannot be read)."""
+    match = re.match(r"^v?1\.(\d+)", git_version or "")
+    return int(match.group(1)) if match else None
+
+
+def _counters_to_api(counters: Mapping[str, Quantity]) -> dict[str, Any]:
+    return {k: {"value": q.canonical()} for k, q in sorted(counters.items())}
+
+
+def counter_set_to_api(counter_set: CounterSet) -> dict[str, Any]:
+    """One entry of ``spec.sharedCounters``."""
+    return {"name": counter_set.name, "counters": _counters_to_api(counter_set.counters)}
+
+
+def offer_order(devices: Sequence[Device]) -> list[Device]:
+    """Devices grouped by hardware (``parent``), the whole device first, then its partitions by
+    name in reverse natural order.
+
+    The scheduler allocates the first device that fits, in slice order (verified on 1.36). MIG
+    placement names end with their start (``gpu-0-mig-3g40gb-9-4``), so offering the last start
+    first packs partitions from the end and keeps the low placements free for the next claims: a
+    3g.40gb then takes memory slices 4-7 of an A100 and two 2g.20gb still fit at 0 and 2.
+    """
+    by_name = sorted(devices, key=lambda d: _natural_key(d.name), reverse=True)
+    return sorted(by_name, key=lambda d: (_natural_key(d.parent or d.name), bool(d.parent)))
+
+
+def partitionable_layout(
+    devices: Sequence[Device], max_devices: int, minor: int | None
+) -> list[tuple[list[CounterSet], list[str]]]:
+    """(counter sets, device names) of each slice of a pool with shared counters.
+
+    From 1.35 (upstream ``validateResourceSliceSpec``: "only one of `sharedCounters` or `devices`
+    is allowed"), counter sets go in slices of their own (8 each, ``ResourceSliceMaxCounterSets``)
+    and devices in slices of at most 64 (``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters``),
+    one piece of hardware per slice where it fits. In 1.33 and 1.34 a device may only consume a
+    set of its own slice: each set goes with its consumers, sets sharing a slice while it stays
+    within 32 shared counters, `max_devices` devices and 1024 consumed counters; devices that
+    consume nothing follow in plain slices.
+    """
+    sets = [s for d in devices for s in d.counter_sets]
+    if minor is None or minor >= SEPARATE_COUNTERS_FROM:
+        layout: list[tuple[list[CounterSet], list[str]]] = [
+            (sets[i : i + MAX_COUNTER_SETS_PER_SLICE], [])
+            for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+        ]
+        return layout + [([], names) for names in _by_hardware(devices, min(max_devices, 64))]
+    return _shared_layout(sets, devices, max_devices)
+
+
+def _by_hardware(devices: Sequence[Device], limit: int) -> list[list[str]]:
+    groups: dict[str, list[str]] = {}
+    for device in offer_order(devices):
+        groups.setdefault(device.parent or device.name, []).append(device.name)
     chunks: list[list[str]] = []
     current: list[str] = []
-    current_tainted = False
-    for name in natural_sorted(names):
-        is_tainted = name in tainted
-        limit = max_with_taints if (current_tainted or is_tainted) else max_devices
-        if len(current) + 1 > limit:
+    for group in groups.values():
+        if current and len(current) + len(group) > limit:
             chunks.append(current)
-            current, current_tainted = [], False
-        current.append(name)
-        current_tainted = current_tainted or is_tainted
-    if current or not chunks:
+            current = []
+        for name in group:  # a group larger than a slice is split
+            if len(current) == limit:
+                chunks.append(current)
+                current = []
+            current.append(name)
+    if current:
         chunks.append(current)
     return chunks
+
+
+def _consumed(device: Device) -> int:
+    return sum(len(c.counters) for c in device.consumes_counters)
+
+
+def _shared_layout(
+    sets: Sequence[CounterSet], devices: Sequence[Device], max_devices: int
+) -> list[tuple[list[CounterSet], list[str]]]:
+    consumers: dict[str, list[Device]] = {s.name: [] for s in sets}
+    plain: list[Device] = []
+    for device in offer_order(devices):
+        named = [c.counter_set for c in device.consumes_counters if c.counter_set in consumers]
+        if named:
+            consumers[named[0]].append(device)
+        else:
+            plain.append(device)
+    groups: list[tuple[list[CounterSet], list[Device]]] = []
+    for counter_set in sets:
+        members = consumers[counter_set.name]
+        if groups:
+            last_sets, last_devices = groups[-1]
+            if (
+                sum(len(s.counters) for s in last_sets) + len(counter_set.counters)
+                <= MAX_SHARED_COUNTERS_1_34
+                and len(last_devices) + len(members) <= max_devices
+                and sum(_consumed(d) for d in [*last_devices, *members]) <= MAX_DEVICE_COUNTERS_PER_SLICE_1_34
+            ):
+                last_sets.append(counter_set)
+                last_devices.extend(members)
+                continue
+        groups.append(([counter_set], list(members)))
+    layout = [(group_sets, [d.name for d in members]) for group_sets, members in groups]
+    names = [d.name for d in plain]
+    return layout + [([], names[i : i + max_devices]) for i in range(0, len(names), max_devices)]
+
+
+def without_counters(devices: Sequence[Device]) -> tuple[list[Device], list[str]]:
+    """What a pool may hold where the API server drops counters (``DRAPartitionableDevices`` off).
+
+    A device that carries counter sets (the whole hardware, a whole GPU) is published without
+    its counters, alone: it overlaps nothing published. A device that consumes counters and
+    carries none (a MIG placement) would overlap it and its siblings unseen by the scheduler, so
+    it is withheld; returns (devices to publish, names withheld).
+    """
+    kept: list[Device] = []
+    withheld: list[str] = []
+    for device in devices:
+        if device.counter_sets:
+            kept.append(dataclasses.replace(device, counter_sets=(), consumes_counters=()))
+        elif device.consumes_counters:
+            withheld.append(device.name)
+        else:
+            kept.append(device)
+    return kept, withheld

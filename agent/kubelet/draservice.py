@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
+import anyio
 import grpclib.const
 from grpclib import GRPCError
 from grpclib.const import Status
@@ -104,10 +105,22 @@ def _status_for(exc: ClaimRequestError) -> Status:
 class DRAService:
     """The version-independent logic of NodePrepareResources / NodeUnprepareResources."""
 
-    def __init__(self, driver: str, preparer: ClaimPreparer, *, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        driver: str,
+        preparer: ClaimPreparer,
+        *,
+        metrics: Metrics | None = None,
+        preparer_ready: anyio.Event | None = None,
+    ) -> None:
         self.driver = driver
         self.preparer = preparer
         self._metrics = metrics
+        self._ready = preparer_ready
+
+    def preparer_ready(self) -> bool:
+        """False while prepare and unprepare calls wait for the preparer (its checkpoint loading)."""
+        return self._ready is None or self._ready.is_set()
 
     async def prepare(self, version: str, claims: Sequence[ClaimMessage]) -> dict[str, PrepareResult]:
         """A result per requested claim UID."""
@@ -143,6 +156,8 @@ class DRAService:
             refs = validate_claims(claims)
             if not refs:
                 return {}  # liveness probes send an empty request
+            if self._ready is not None:
+                await self._ready.wait()  # the sockets serve before the checkpoint is loaded
             try:
                 answer = await call(refs)
             except ClaimRequestError as exc:
@@ -158,17 +173,18 @@ class DRAService:
                     Status.INTERNAL,
                     f"{method} failed inside the agent ({type(exc).__name__}: {exc}); see the agent log",
                 ) from exc
-            failed = sum(1 for v in answer.values() if _is_error(v))
-            log.info(
-                "claims served",
-                extra=log_fields(
-                    driver=self.driver,
-                    method=label,
-                    claims=len(refs),
-                    failed=failed,
-                    duration_ms=round((time.monotonic() - started) * 1000, 2),
-                ),
-            )
+            # Per call at debug only: dra_agent_grpc_requests_total and the claim metrics count them.
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "claims served",
+                    extra=log_fields(
+                        driver=self.driver,
+                        method=label,
+                        claims=len(refs),
+                        failed=sum(1 for v in answer.values() if _is_error(v)),
+                        duration_ms=round((time.monotonic() - started) * 1000, 2),
+                    ),
+                )
             return answer
         except GRPCError as exc:
             result = exc.status.name.lower()

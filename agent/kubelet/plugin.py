@@ -11,6 +11,7 @@ registration socket disappears, and grpclib leaves the files behind on Python 3.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import socket
@@ -55,6 +56,8 @@ UNSERVED_METHODS = (
     "/v1.DRAResourceHealth/NodeWatchResources",  # health v1 (1.37 development)
 )
 SHUTDOWN_TIMEOUT = 5.0
+CLOSED_STREAMS_REMEMBERED = 1024
+"""Closed HTTP/2 streams remembered per kubelet connection (see `_bound_closed_streams`)."""
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, including the terminating NUL
 
 
@@ -73,6 +76,13 @@ class _ClosingServer(Server):
     def _protocol_factory(self) -> H2Protocol:
         protocol = super()._protocol_factory()
         self._protocols.add(protocol)
+        made = protocol.connection_made
+
+        def connection_made(transport: asyncio.BaseTransport) -> None:
+            made(transport)
+            _bound_closed_streams(protocol)
+
+        protocol.connection_made = connection_made  # type: ignore[method-assign]
         return protocol
 
     def close_connections(self) -> None:
@@ -80,6 +90,20 @@ class _ClosingServer(Server):
             connection = getattr(protocol, "connection", None)
             if connection is not None:
                 connection.close()
+
+
+def _bound_closed_streams(protocol: H2Protocol) -> None:
+    """Remember the last `CLOSED_STREAMS_REMEMBERED` closed streams of a connection, not 65,536.
+
+    h2 keeps every closed stream ID of a connection (``H2Connection.MAX_CLOSED_STREAMS``, ~115
+    bytes each) to tell late frames from protocol errors; the kubelet keeps one connection and
+    makes one stream per call, so memory grew with every prepare up to ~7 MB. A frame for a stream
+    closed longer ago is answered with RST_STREAM(STREAM_CLOSED), which RFC 9113 allows.
+    """
+    h2_connection = getattr(getattr(protocol, "connection", None), "_connection", None)
+    closed = getattr(h2_connection, "_closed_streams", None)
+    if closed is not None and hasattr(closed, "_size_limit"):  # h2's private layout (4.x)
+        closed._size_limit = CLOSED_STREAMS_REMEMBERED
 
 
 class SocketError(AgentError):
@@ -134,7 +158,11 @@ def _prepare_socket_path(path: Path) -> None:
 
 
 class KubeletPlugin:
-    """One driver's kubelet-facing gRPC endpoints; `run` serves them until cancelled."""
+    """One driver's kubelet-facing gRPC endpoints; `run` serves them until cancelled.
+
+    With `preparer_ready`, prepare and unprepare calls wait for that event (the preparer's
+    checkpoint loaded) while registration, ``GetInfo`` and the health stream are served at once.
+    """
 
     def __init__(
         self,
@@ -152,6 +180,7 @@ class KubeletPlugin:
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
         health_check_timeout: int = DEFAULT_HEALTH_CHECK_TIMEOUT,
         supported_services: Sequence[str] = SUPPORTED_SERVICES,
+        preparer_ready: anyio.Event | None = None,
     ) -> None:
         self.driver = driver
         self.dra_socket, self.registration_socket = socket_paths(
@@ -169,7 +198,7 @@ class KubeletPlugin:
                 "no pool name given; using the host name for the health stream",
                 extra=log_fields(driver=driver, pool=pool),
             )
-        self.dra = DRAService(driver, preparer, metrics=metrics)
+        self.dra = DRAService(driver, preparer, metrics=metrics, preparer_ready=preparer_ready)
         self.health = HealthService(
             inventory,
             pool=pool,

@@ -28,6 +28,7 @@ PROTO_FILES = (
     "dra/v1/api.proto",
     "dra/v1beta1/api.proto",
     "dra_health/v1alpha1/api.proto",
+    "podresources/v1/api.proto",
 )
 PLUGIN = "protoc-gen-python_betterproto"
 

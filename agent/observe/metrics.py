@@ -15,8 +15,23 @@ from agent import __version__
 from agent.core.model import HealthStatus
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-TELEMETRY_LABELS = ("driver", "pool", "device", "uuid", "pci_bus_id", "product")
-"""Labels of every per-device telemetry gauge; ``pool`` is the node name (the slices' pool)."""
+TELEMETRY_LABELS = ("driver", "pool", "device", "UUID", "pci_bus_id", "product")
+"""Labels of every per-device telemetry gauge; ``pool`` is the node name (the slices' pool).
+``UUID`` and ``pci_bus_id`` are spelled as dcgm-exporter spells them, so one ``on(UUID)`` joins them
+with `ALLOCATION_LABELS` and with dcgm-exporter's series."""
+ALLOCATION_LABELS = (
+    "driver",
+    "pool",
+    "device",
+    "UUID",
+    "pci_bus_id",
+    "namespace",
+    "pod",
+    "container",
+    "claim",
+)
+"""Labels of ``dra_agent_device_allocation_info``: the device (as in `TELEMETRY_LABELS`), the pod and
+container using it (dcgm-exporter's and AMD's device-metrics-exporter's names) and the claim."""
 CLAIM_OPERATIONS = ("prepare", "unprepare")
 HEALTH_LABELS = tuple(status.value.lower() for status in HealthStatus)
 """Values of the ``health`` label of `Metrics.devices`: healthy, unhealthy, unknown."""
@@ -50,6 +65,7 @@ PUBLISH_ERROR_REASONS = (
     "node_missing",
     "internal",
     "taints_unsupported",
+    "counters_unsupported",
 )
 """``reason`` values of `Metrics.publish_errors` known in advance (agent/kube/publisher.py); refusals
 add ``http_<status>``."""
@@ -142,6 +158,19 @@ class Metrics:
             registry=r,
         )
 
+        self.allocation_info = Gauge(
+            "dra_agent_device_allocation_info",
+            "1 per prepared device and the container (or pod) using it; join on UUID for per-pod telemetry.",
+            ALLOCATION_LABELS,
+            registry=r,
+        )
+        self.device_plugins = Gauge(
+            "dra_agent_device_plugin_present",
+            "1 per device plugin socket of the same vendor found in the kubelet's device-plugins directory.",
+            ("driver", "socket"),
+            registry=r,
+        )
+
         # Kubernetes side.
         self.slices_published = Gauge(
             "dra_agent_resourceslices",
@@ -192,6 +221,12 @@ class Metrics:
             ("driver",),
             registry=r,
         )
+        self.unpublishable_devices = Gauge(
+            "dra_agent_unpublishable_devices",
+            "Devices that should be tainted but whose taints the API server drops (enable DRADeviceTaints).",
+            ("driver",),
+            registry=r,
+        )
 
         # Health.
         self.devices = Gauge(
@@ -211,7 +246,7 @@ class Metrics:
         )
         self.monitor_last_seen = Gauge(
             "dra_agent_health_monitor_last_seen_timestamp_seconds",
-            "Unix time the backend's health monitor (or its telemetry) last answered.",
+            "Unix time the backend's health monitor last answered.",
             ("driver",),
             registry=r,
         )
@@ -296,6 +331,7 @@ class Metrics:
         self.slices_published.labels(driver)
         self.publish_latency.labels(driver)
         self.dropped_taint_fallbacks.labels(driver)
+        self.unpublishable_devices.labels(driver)
         self.monitor_last_seen.labels(driver)
         self.telemetry_read_seconds.labels(driver)
         self.telemetry_errors.labels(driver)

@@ -1,16 +1,23 @@
-"""Telemetry poller: reads a backend's device counters on an interval into the Prometheus gauges.
+"""Telemetry poller and health-monitor liveness of one driver.
 
+`TelemetryPoller` reads a backend's device counters on an interval into the Prometheus gauges.
 The backend does its vendor calls in a worker thread, so a slow read delays only the next read,
-never a prepare call. Gauges carry ``driver, pool, device, uuid, pci_bus_id, product`` (pool =
+never a prepare call. Gauges carry ``driver, pool, device, UUID, pci_bus_id, product`` (pool =
 node name; the rest from the inventory's `Device`). A field the device cannot report (None)
 has no series rather than a stale one; series of vanished devices are removed; when a read
 fails, the driver's telemetry series are removed too (stale figures mislead more than gaps).
+Three failed reads in a row turn the readiness check ``telemetry/<driver>`` false.
+
+`MonitorLiveness` follows the health monitor itself: every event and every turn of its loop
+(`agent.core.backend.report_alive`) stamps ``dra_agent_health_monitor_last_seen_timestamp_seconds``
+and makes ``monitor/<driver>`` ready; a monitor that fails, stops or stays silent for
+`SILENCE_LIMIT` seconds turns it false.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from prometheus_client import Gauge
 
@@ -25,6 +32,9 @@ log = logging.getLogger("agent.observe.telemetry")
 
 LabelValues = tuple[str, str, str, str, str, str]
 FAILURES_BEFORE_NOT_READY = 3
+SILENCE_LIMIT = 60.0
+"""Seconds without a sign of life after which the health monitor counts as hung (monitors
+report on every turn of their loop: every event wait, about twice a second)."""
 
 
 def _fields(metrics: Metrics) -> tuple[tuple[Gauge, Callable[[DeviceTelemetry], float | None]], ...]:
@@ -49,17 +59,78 @@ def update_device_counts(metrics: Metrics, inventory: Inventory) -> None:
         metrics.devices.labels(inventory.driver, health).set(count)
 
 
-def monitor_seen_sink(sink: HealthSink, metrics: Metrics, driver: str, clock: Clock) -> HealthSink:
-    """Wrap a health sink so each event marks the monitor as answering (``monitor_last_seen``).
+class MonitorLiveness:
+    """Whether one driver's health monitor works: ``monitor/<driver>`` and its last-seen gauge."""
 
-    (The health tracker counts ``health_events`` itself; this only stamps the time.)
-    """
+    def __init__(
+        self,
+        driver: str,
+        metrics: Metrics,
+        clock: Clock,
+        readiness: Readiness | None = None,
+        *,
+        silence_limit: float = SILENCE_LIMIT,
+    ) -> None:
+        self.driver = driver
+        self.metrics = metrics
+        self.clock = clock
+        self.readiness = readiness
+        self.silence_limit = silence_limit
+        self._last: float | None = None
+        if readiness is not None:
+            readiness.expect(self.check)
 
-    async def handle(event: HealthEvent) -> None:
-        metrics.monitor_last_seen.labels(driver).set(clock.time())
-        await sink(event)
+    @property
+    def check(self) -> str:
+        """The readiness check: ``monitor/<driver>``."""
+        return f"monitor/{self.driver}"
 
-    return handle
+    def alive(self) -> None:
+        """The monitor answered (an event, or a turn of its loop)."""
+        self._last = self.clock.monotonic()
+        self.metrics.monitor_last_seen.labels(self.driver).set(self.clock.time())
+        if self.readiness is not None:
+            self.readiness.set(self.check, True)
+
+    def sink(self, sink: HealthSink) -> HealthSink:
+        """`sink`, with each event and each `report_alive` marking the monitor alive."""
+        return _LiveSink(self, sink)
+
+    async def run(self, monitor: Callable[[HealthSink], Awaitable[None]], sink: HealthSink) -> None:
+        """Run `monitor(self.sink(sink))`; its failure or return turns the check false (and goes on up)."""
+        try:
+            await monitor(self.sink(sink))
+        except Exception as error:
+            self._not_ready(f"the health monitor failed: {type(error).__name__}: {error}")
+            raise
+        self._not_ready("the health monitor stopped")
+
+    async def watch(self) -> None:
+        """Until cancelled: turn the check false when the monitor is silent longer than `silence_limit`."""
+        while True:
+            await self.clock.sleep(self.silence_limit / 4)
+            if self._last is not None and self.clock.monotonic() - self._last > self.silence_limit:
+                self._not_ready(f"no sign of life from the health monitor for over {self.silence_limit:g} s")
+
+    def _not_ready(self, detail: str) -> None:
+        self._last = None  # until it answers again
+        if self.readiness is not None:
+            self.readiness.set(self.check, False, detail)
+
+
+class _LiveSink:
+    """A `HealthSink` that marks the monitor alive on every event and every `report_alive`."""
+
+    def __init__(self, liveness: MonitorLiveness, sink: HealthSink) -> None:
+        self._liveness = liveness
+        self._sink = sink
+
+    async def __call__(self, event: HealthEvent) -> None:
+        self._liveness.alive()
+        await self._sink(event)
+
+    def alive(self) -> None:
+        self._liveness.alive()
 
 
 class TelemetryPoller:
@@ -92,8 +163,8 @@ class TelemetryPoller:
 
     @property
     def check(self) -> str:
-        """The readiness check this poller sets: ``monitor/<driver>``."""
-        return f"monitor/{self.backend.driver_name}"
+        """The readiness check this poller sets: ``telemetry/<driver>``."""
+        return f"telemetry/{self.backend.driver_name}"
 
     async def run(self) -> None:
         """Poll every `interval` seconds until cancelled; a failed read is logged and retried."""
@@ -126,8 +197,6 @@ class TelemetryPoller:
         finally:
             self.metrics.telemetry_read_seconds.labels(driver).observe(self.clock.monotonic() - started)
         self.failures = 0
-        # A successful read shows the vendor library answers.
-        self.metrics.monitor_last_seen.labels(driver).set(self.clock.time())
         if self.readiness is not None:
             self.readiness.set(self.check, True)
         self._replace_series(self._values(readings))

@@ -15,9 +15,11 @@ from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device
 from agent.core.sharing import ConsumableShares, DeviceShare
+from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT, STOP_TIMEOUT
 from backends.amd.discovery import DEFAULT_DRIVER_NAME, Discovery, Sysfs, build_devices, read_processors
+from backends.amd.eccstate import ECC_STATE_FILE, boot_id, load_ecc_counts, save_ecc_counts
 from backends.amd.edits import StatFn, container_edits
-from backends.amd.health import CONDITIONS, HealthMonitor, HealthSettings
+from backends.amd.health import CONDITIONS, EccCounts, HealthMemory, HealthMonitor, HealthSettings
 from backends.amd.sharingconfig import check_shares
 from backends.amd.smi import SmiLibrary, check_module, describe, handle_key, import_amdsmi, init_error
 from backends.amd.telemetry import read_telemetry
@@ -78,6 +80,7 @@ class AmdBackend:
         clock: Clock | None = None,
         importer: Callable[[], Any] = import_amdsmi,
         stat_fn: StatFn = os.stat,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
     ) -> None:
         self._driver = options.driver_name or DEFAULT_DRIVER_NAME
         self._health_settings, sysfs_root, self._dev_root = settings_from(options)
@@ -95,6 +98,12 @@ class AmdBackend:
         self._warned: set[str] = set()
         self._logged_empty = False
         self._devices_changed: anyio.Event | None = None
+        self._call_timeout = call_timeout
+        # What one monitor learned that the next (after a rediscovery, or a restart of the agent
+        # in the same boot for the ECC counts) must know to clear or raise it.
+        self._memory = HealthMemory()
+        self._ecc_path = options.state_dir / self._driver / ECC_STATE_FILE if options.state_dir else None
+        self._boot = ""
 
     @property
     def driver_name(self) -> str:
@@ -111,7 +120,7 @@ class AmdBackend:
             return
         module = self._importer()
         check_module(module)
-        lib = SmiLibrary(module)
+        lib = SmiLibrary(module, self._call_timeout)
 
         def init(smi: Any) -> None:
             try:
@@ -119,12 +128,16 @@ class AmdBackend:
             except smi.AmdSmiException as error:
                 raise init_error(error) from error
 
-        await lib.run(init)
+        await lib.run(init, "amdsmi_init")
         self._lib = lib
+        if self._ecc_path is not None:
+            self._boot = await anyio.to_thread.run_sync(boot_id)
+            counts = await anyio.to_thread.run_sync(load_ecc_counts, self._ecc_path, self._boot)
+            self._memory = HealthMemory.with_ecc_counts(counts)
         log.info("amdsmi initialized", extra=log_fields(driver=self._driver))
 
     async def stop(self) -> None:
-        """Shut amdsmi down; never raises."""
+        """Shut amdsmi down (bounded, on no lane a hung call may hold); never raises."""
         lib, self._lib = self._lib, None
         if lib is None:
             return
@@ -135,10 +148,11 @@ class AmdBackend:
             except Exception as error:
                 log.debug("amdsmi_shut_down failed", extra=log_fields(error=describe(error)))
 
-        try:
-            await lib.run(shut_down)
-        except Exception as error:  # never raise from stop
-            log.debug("amdsmi shutdown failed", extra=log_fields(error=str(error)))
+        with anyio.CancelScope(shield=True):
+            try:
+                await lib.run_unlimited(shut_down, STOP_TIMEOUT, "amdsmi_shut_down")
+            except Exception as error:  # never raise from stop
+                log.warning("amdsmi shutdown did not finish", extra=log_fields(error=str(error)))
 
     async def discover(self) -> Sequence[Device]:
         """Read GPUs and partitions now."""
@@ -153,7 +167,7 @@ class AmdBackend:
                     f"amd backend: listing GPUs failed: {describe(error)}; check 'amd-smi list' on the node"
                 ) from error
 
-        infos = await lib.run(read)
+        infos = await lib.run(read, "read_processors")
         previous = self._discovery
         self._discovery = build_devices(infos, self._driver, self._warned)
         self._discovered = True
@@ -178,12 +192,31 @@ class AmdBackend:
             # loss): watch the new set from then on.
             changed = self._devices_changed = anyio.Event()
             entries = list(self._discovery.entries.values())
-            monitor = HealthMonitor(self._library(), entries, self._clock, self._health_settings)
+            monitor = HealthMonitor(
+                self._library(), entries, self._clock, self._health_settings, memory=self._memory
+            )
             async with anyio.create_task_group() as tg:
                 tg.start_soon(monitor.run, sink)
+                tg.start_soon(self._keep_ecc_counts)
                 await changed.wait()
                 tg.cancel_scope.cancel()
             log.info("devices changed; restarting health monitoring", extra=log_fields(driver=self._driver))
+
+    async def _keep_ecc_counts(self) -> None:
+        """Save the ECC counts when they change, so a restarted agent does not take them as a baseline."""
+        if self._ecc_path is None:
+            await anyio.sleep_forever()
+            return
+        saved: EccCounts = {}
+        while True:
+            snapshot = self._memory.ecc_counts()
+            if snapshot != saved:
+                try:
+                    await anyio.to_thread.run_sync(save_ecc_counts, self._ecc_path, self._boot, snapshot)
+                    saved = snapshot
+                except OSError as error:
+                    log.warning("cannot save the ECC counts", extra=log_fields(error=str(error)))
+            await self._clock.sleep(self._health_settings.poll_interval)
 
     async def prepare(self, device: str, claim: ClaimRef) -> ContainerEdits:
         """Edits for /dev/kfd and the device's DRM nodes, read from the host now."""
@@ -211,4 +244,4 @@ class AmdBackend:
         lib = self._library()
         entries = list(self._discovery.entries.values())
         warned = self._warned
-        return await lib.run(lambda smi: read_telemetry(smi, entries, warned))
+        return await lib.run(lambda smi: read_telemetry(smi, entries, warned), "read_telemetry")

@@ -15,6 +15,11 @@ Two tasks run side by side until cancelled:
 When events or RAS are unavailable (a VM guest, an old kernel) the devices get ``unmonitored``
 (a warning STATE) with value ``events`` or ``ras``, cleared when monitoring works again.
 Resets, RAS and loss are per physical GPU and fan out to all its partitions.
+
+What is set (lost, unmonitored, the ECC baselines) is kept in `HealthMemory`, which outlives one
+monitor: the monitor started after a rediscovery clears what its predecessor set (a GPU lost,
+left out of discovery, and back). Every amdsmi call is bounded; a cancelled event read is not
+waited for, but the readers are stopped only once the read in flight has returned.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import calendar
 import functools
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,10 +36,11 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from agent.core.backend import ConditionKind, HealthEvent, HealthSink
+from agent.core.backend import ConditionKind, HealthEvent, HealthSink, report_alive
 from agent.core.clock import Clock
 from agent.core.logs import log_fields
 from agent.core.model import Severity
+from agent.core.vendorcall import STOP_TIMEOUT, VendorCallTimeoutError
 from backends.amd.discovery import DeviceEntry
 from backends.amd.smi import (
     LOST_STATUSES,
@@ -101,6 +108,10 @@ class RasReading:
     cper_supported: bool = True
 
 
+EccCounts = dict[str, dict[str, int]]
+"""Uncorrectable ECC counts by GPU key and RAS block, as last read."""
+
+
 @dataclass
 class _GpuState:
     ecc: dict[str, int] = field(default_factory=dict)
@@ -108,6 +119,24 @@ class _GpuState:
     ras_unmonitored: bool = False
     cper_cursor: int = 0
     cper_supported: bool = True
+
+
+@dataclass
+class HealthMemory:
+    """What outlives one `HealthMonitor`: per physical GPU state, and whether events are unavailable."""
+
+    gpus: dict[str, _GpuState] = field(default_factory=dict)
+    events_unmonitored: bool = False
+
+    @classmethod
+    def with_ecc_counts(cls, counts: EccCounts) -> HealthMemory:
+        """Memory holding the ECC counts an earlier agent process of this boot read: errors since
+        then are new, not a baseline."""
+        return cls(gpus={key: _GpuState(ecc=dict(blocks)) for key, blocks in counts.items()})
+
+    def ecc_counts(self) -> EccCounts:
+        """The last ECC count per GPU and block (a copy)."""
+        return {key: dict(state.ecc) for key, state in self.gpus.items() if state.ecc}
 
 
 def _cper_time(text: object) -> float | None:
@@ -227,6 +256,8 @@ class HealthMonitor:
         entries: Sequence[DeviceEntry],
         clock: Clock,
         settings: HealthSettings = HealthSettings(),
+        *,
+        memory: HealthMemory | None = None,
     ) -> None:
         self._lib = lib
         self._clock = clock
@@ -236,13 +267,18 @@ class HealthMonitor:
         for entry in entries:
             self._groups.setdefault(entry.gpu_key, []).append(entry)
             self._by_handle[handle_key(entry.handle)] = entry
-        self._state: dict[str, _GpuState] = {key: _GpuState() for key in self._groups}
-        self._events_unmonitored = False
+        self._memory = memory or HealthMemory()
+        self._state = {key: self._memory.gpus.setdefault(key, _GpuState()) for key in self._groups}
+        # Held by the worker thread that reads events; a read cancelled before its thread ran
+        # finds `_closing` set and leaves the readers alone (they may be stopped by then).
+        self._read_lock = threading.Lock()
+        self._closing = False
 
     async def run(self, sink: HealthSink) -> None:
         """Report health until cancelled."""
-        if not self._groups:
-            await anyio.sleep_forever()
+        while not self._groups:  # nothing to watch, but the monitor runs
+            report_alive(sink)
+            await self._clock.sleep(self._settings.poll_interval)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_events, sink)
             tg.start_soon(self._poll, sink)
@@ -257,9 +293,9 @@ class HealthMonitor:
         return [e.name for entries in self._groups.values() for e in entries]
 
     async def _set_events_unmonitored(self, sink: HealthSink, problem: str | None) -> None:
-        if (problem is not None) == self._events_unmonitored:
+        if (problem is not None) == self._memory.events_unmonitored:
             return
-        self._events_unmonitored = problem is not None
+        self._memory.events_unmonitored = problem is not None
         if problem is not None:
             log.warning("GPU event notification unavailable", extra=log_fields(error=problem))
         await self._emit_all(
@@ -277,32 +313,61 @@ class HealthMonitor:
         handles = [e.handle for e in self._by_handle.values()]
         while True:
             try:
-                readers = await self._lib.run(lambda smi: open_readers(smi, handles))
+                readers = await self._lib.run_health(lambda smi: open_readers(smi, handles), "open_readers")
                 break
             except Exception as error:
                 # Unsupported (a VM guest) or not permitted: try again later, quietly.
                 await self._set_events_unmonitored(sink, describe(error))
+                report_alive(sink)
                 await self._clock.sleep(self._settings.poll_interval)
         timeout = self._settings.event_timeout_ms
+        bound = timeout / 1000 + self._lib.call_timeout
         try:
             while True:
                 try:
                     # The notification queue is shared by all GPUs: one reader reads every event.
-                    events = await self._lib.run_unlimited(lambda smi: readers[0].read(timeout))
+                    events = await self._lib.run_events(
+                        lambda smi: self._read(readers[0], timeout), bound, "read"
+                    )
                 except Exception as error:
                     if error_code(error) in (STATUS_TIMEOUT, STATUS_RETRY):
+                        report_alive(sink)
                         await anyio.lowlevel.checkpoint()
                         continue
                     await self._set_events_unmonitored(sink, describe(error))
                     await self._clock.sleep(self._settings.poll_interval)
                     continue
+                report_alive(sink)
                 await self._set_events_unmonitored(sink, None)
                 for event in events:
                     await self._handle_event(event, sink)
                 await anyio.lowlevel.checkpoint()
         finally:
             with anyio.CancelScope(shield=True):
-                await self._lib.run_unlimited(lambda smi: close_readers(smi, readers))
+                await self._close(readers, timeout)
+
+    def _read(self, reader: Any, timeout_ms: int) -> Any:
+        with self._read_lock:
+            return [] if self._closing else reader.read(timeout_ms)
+
+    async def _close(self, readers: Sequence[Any], timeout_ms: int) -> None:
+        """Stop the readers once no read uses them (a cancelled read returns within its timeout)."""
+        self._closing = True
+        acquired = False
+        with anyio.move_on_after(timeout_ms / 1000 + 0.25):
+            while not (acquired := self._read_lock.acquire(blocking=False)):  # noqa: ASYNC110
+                await anyio.sleep(0.005)
+        if not acquired:
+            log.warning("GPU event read did not return; leaving its readers", extra=log_fields())
+            return
+        try:
+            await self._lib.run_unlimited(
+                lambda smi: close_readers(smi, readers), STOP_TIMEOUT, "close_readers"
+            )
+        except VendorCallTimeoutError as error:
+            log.warning("stopping GPU event readers did not finish", extra=log_fields(error=str(error)))
+        finally:
+            self._read_lock.release()
 
     async def _handle_event(self, event: Mapping[str, Any], sink: HealthSink) -> None:
         kind = str(event.get("event", ""))
@@ -330,6 +395,7 @@ class HealthMonitor:
     async def _poll(self, sink: HealthSink) -> None:
         while True:
             await self.poll_once(sink)
+            report_alive(sink)
             await self._clock.sleep(self._settings.poll_interval)
 
     async def poll_once(self, sink: HealthSink) -> None:
@@ -338,7 +404,9 @@ class HealthMonitor:
             state = self._state[key]
             primary = entries[0].primary
             cursor, supported = state.cper_cursor, state.cper_supported
-            reading = await self._lib.run(functools.partial(_read_ras, primary, cursor, supported))
+            reading = await self._lib.run_health(
+                functools.partial(_read_ras, primary, cursor, supported), "read_ras"
+            )
             await self._apply(key, entries, reading, sink)
 
     async def _apply(

@@ -2,8 +2,10 @@
 
 `amdsmi` loads ROCm's ``libamd_smi.so`` when imported; without it amdsmi 7 raises
 ``KeyError('libamd_smi.so')`` (not ImportError). Every call into the library is blocking, so the
-backend groups its calls into plain functions of the module and runs them with `SmiLibrary.run`
-through `anyio.to_thread.run_sync`.
+backend groups its calls into plain functions of the module and runs them in worker threads on
+the lanes of `SmiLibrary` (`agent.core.vendorcall`): discovery and telemetry on one, the health
+monitor's polls and its event reads on lanes of their own, shutdown on none. Each call is
+bounded, so a wedged driver fails a call instead of the agent, and SIGTERM never waits for one.
 """
 
 from __future__ import annotations
@@ -13,11 +15,9 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import anyio
-import anyio.to_thread
-
 from agent.core.errors import BackendError
 from agent.core.logs import log_fields
+from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT, VendorLane, run_vendor_call
 
 log = logging.getLogger("agent.backends.amd")
 
@@ -137,21 +137,43 @@ def init_error(error: BaseException) -> BackendError:
 
 
 class SmiLibrary:
-    """The loaded `amdsmi` module with a way to run blocking work on it in a worker thread."""
+    """The loaded `amdsmi` module with ways to run blocking work on it in worker threads."""
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: Any, call_timeout: float = DEFAULT_CALL_TIMEOUT) -> None:
         self.module = module
-        self._limiter: anyio.CapacityLimiter | None = None
+        self.call_timeout = call_timeout
+        self._serial = VendorLane(call_timeout)
+        self._health = VendorLane(call_timeout)
+        self._events = VendorLane(call_timeout)
 
-    async def run(self, work: Callable[[Any], T]) -> T:
-        """Run `work(module)` in a worker thread, one call at a time (the library serializes anyway)."""
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(1)
-        return await anyio.to_thread.run_sync(work, self.module, limiter=self._limiter)
+    async def run(self, work: Callable[[Any], T], what: str = "") -> T:
+        """Run `work(module)` in a worker thread, one call at a time (discovery, telemetry)."""
+        return await self._serial.run(_named(work, what), self.module)
 
-    async def run_unlimited(self, work: Callable[[Any], T]) -> T:
-        """Run `work(module)` in its own worker thread (for waits such as reading events)."""
-        return await anyio.to_thread.run_sync(work, self.module)
+    async def run_health(self, work: Callable[[Any], T], what: str = "") -> T:
+        """Run the health monitor's `work(module)` (RAS polls, event readers) on its own lane."""
+        return await self._health.run(_named(work, what), self.module)
+
+    async def run_events(self, work: Callable[[Any], T], bound: float, what: str = "") -> T:
+        """Run an event read on its own lane, within `bound` seconds."""
+        return await self._events.run(_named(work, what), self.module, bound=bound)
+
+    async def run_unlimited(self, work: Callable[[Any], T], bound: float, what: str = "") -> T:
+        """Run `work(module)` in its own worker thread, on no lane (shutdown), within `bound` seconds."""
+        named = _named(work, what)
+        return await run_vendor_call(named.__name__, named, self.module, bound=bound)
+
+
+def _named(work: Callable[[Any], T], what: str) -> Callable[[Any], T]:
+    """`work`, named `what` for the vendor-call thread and errors (a lambda has no useful name)."""
+    if not what:
+        return work
+
+    def call(module: Any) -> T:
+        return work(module)
+
+    call.__name__ = what
+    return call
 
 
 def handle_key(handle: Any) -> int:

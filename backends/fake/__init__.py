@@ -5,6 +5,9 @@ Settings (``--backend fake:key=value,...``):
 ``profile``
     A shipped profile (``nvidia-a100-8x``, ``amd-mi300x-8x``, ``amd-mi300x-8x-cpx``, ``mixed``)
     or the path of a profile file (see `backends.fake.profile`); default ``mixed``.
+``dynamic-mig``
+    ``true``: whole NVIDIA GPUs that can do MIG are published partitionable, as the NVIDIA
+    backend's ``dynamic-mig=true`` does (see `backends.fake.dynamicmig`); default ``false``.
 ``control``
     Path of the control socket for ``dra-agent fake ...``; default
     ``/tmp/dra-agent-fake-<node>.sock``; ``off`` disables it.
@@ -37,6 +40,7 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ConfigError
 from agent.core.sharing import ConsumableShares
 from backends.fake.backend import FakeBackend, FaultInjector, PrepareFaults, with_driver
+from backends.fake.dynamicmig import FakeDynamicMig
 from backends.fake.profile import load_profile
 
 # `driver` comes through `BackendOptions.driver_name`; it is listed so that it is accepted here.
@@ -50,6 +54,7 @@ SETTINGS = (
     "seed",
     "device_files",
     ConsumableShares.SETTING,
+    "dynamic-mig",
 )
 DEVICE_FILES_DIR = "fake-devices"
 SHARING_DIR = "fake-sharing"
@@ -112,6 +117,9 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
     profile = load_profile(settings.get("profile", DEFAULT_PROFILE))
     control = settings.get("control", default_control_path(options.node_name))
     faults = prepare_faults(settings)
+    dynamic = settings.get("dynamic-mig", "false").lower()
+    if dynamic not in ("true", "false"):
+        raise ConfigError("--backend fake setting dynamic-mig", dynamic, "true or false")
     files = device_files_root(settings, options.state_dir)
     shares = ConsumableShares.parse(
         settings.get(ConsumableShares.SETTING, "disabled"),
@@ -131,6 +139,9 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
     for driver in profile.drivers:
         name = options.driver_name or driver.name
         devices = with_driver(driver.devices, name) if name != driver.name else list(driver.devices)
+        partitions = FakeDynamicMig() if dynamic == "true" and driver.vendor == "nvidia" else None
+        if partitions is not None:
+            devices = partitions.partition(devices)
         backends.append(
             FakeBackend(
                 name,
@@ -142,6 +153,7 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
                 device_files=files / name if files is not None else None,
                 shares=shares,
                 sharing_root=sharing_root / name,
+                partitions=partitions,
             )
         )
     return backends

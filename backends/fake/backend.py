@@ -42,6 +42,7 @@ from agent.core.backend import (
     HealthEvent,
     HealthSink,
     Mount,
+    report_alive,
 )
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, DeviceNotFoundError
@@ -50,6 +51,7 @@ from agent.core.model import Device, Severity
 from agent.core.sharing import ConsumableShares, DeviceShare, merge_edits
 from backends.amd.sharingconfig import check_shares
 from backends.fake import devicefile
+from backends.fake.dynamicmig import FakeDynamicMig
 from backends.fake.sharing import FakeMpsProgram, FakeTimeSlicer
 from backends.nvidia.mps import MpsDaemons
 from backends.nvidia.sharing import DeviceFacts, NvSharingManager, facts_of
@@ -74,6 +76,7 @@ APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 UNKNOWN_CONDITION = (Severity.WARNING, ConditionKind.EVENT)
 MAX_QUEUED_EVENTS = 100_000
+ALIVE_INTERVAL_SECONDS = 5.0  # how often an idle monitor says it still runs
 _CONDITION_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
@@ -130,8 +133,10 @@ class FakeBackend:
         device_files: Path | None = None,
         shares: ConsumableShares | None = None,
         sharing_root: Path | None = None,
+        partitions: FakeDynamicMig | None = None,
     ) -> None:
         self._driver = driver_name
+        self._partitions = partitions
         self._shares = shares or ConsumableShares()
         self.sharing: NvSharingManager | None = None
         """NVIDIA profiles: time-slicing and MPS through the fakes of `backends.fake.sharing`."""
@@ -206,8 +211,10 @@ class FakeBackend:
                 event = self._queue[0]
                 await sink(event)
                 self._queue.popleft()  # only once delivered: a failed sink sees it again on restart
+            report_alive(sink)
             self._wake = anyio.Event()
-            await self._wake.wait()
+            with anyio.move_on_after(ALIVE_INTERVAL_SECONDS):
+                await self._wake.wait()
 
     async def _serve_control(self) -> None:
         try:
@@ -266,6 +273,8 @@ class FakeBackend:
                 f"fake backend {self._driver}: injected prepare failure for device {device!r} "
                 "(backend settings prepare_fail / prepare_fail_rate)"
             )
+        if self._partitions is not None and device in self._partitions.placements:
+            self._partitions.create(device, claim.uid)
         mounts: tuple[Mount, ...] = ()
         if self._device_files is not None:
             path = devicefile.host_path(self._device_files, claim, device)
@@ -284,6 +293,8 @@ class FakeBackend:
         return edits
 
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
+        if self._partitions is not None:
+            self._partitions.destroy(device, claim.uid)
         self.prepared.pop((claim.uid, device), None)
         if self._device_files is not None:
             path = devicefile.host_path(self._device_files, claim, device)

@@ -38,6 +38,12 @@ Settings (``--backend nvidia:key=value,...``):
   poll reads); ``health-wait-ms`` (default 500): the event wait step, bounding shutdown time;
   ``recovery-interval`` (default 5 s): how often the recovery action of a faulted GPU is read.
 
+- ``dynamic-mig``: ``true`` publishes each GPU in MIG mode that no one else partitioned as
+  partitionable devices (a counter set, the whole GPU and every MIG placement) and creates the MIG
+  device at prepare (`backends.nvidia.dynamicmig`), with its missing capability device nodes
+  (`backends.nvidia.capnodes`); ``dynamic-mig-dir`` (default ``/var/lib/dra-agent``) holds its
+  journal.
+
 A GPU that falls off the bus while the agent runs gets the STATE condition ``gpu-lost`` on all
 its devices (so the taint policy taints them) and stays published with it; the next rediscovery
 that cannot read the GPU leaves it out, and the devices disappear from the pool. No GPU on the node

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -18,8 +19,11 @@ from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device, check_driver_name
 from agent.core.sharing import ConsumableShares, DeviceShare, merge_edits
+from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT
+from backends.nvidia.capnodes import NodeMaker, ensure_cap_nodes, mknod
 from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
 from backends.nvidia.driverfiles import DEFAULT_HOOK_PATH, DriverFiles, HostView, find_driver_files
+from backends.nvidia.dynamicmig import DynamicMig, gpu_handles_sync
 from backends.nvidia.edits import (
     AUTO,
     CDI_MODES,
@@ -32,6 +36,7 @@ from backends.nvidia.edits import (
     toolkit_edits,
 )
 from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState, XidPolicy
+from backends.nvidia.migjournal import MigJournal
 from backends.nvidia.mps import ControlProgram, MpsDaemons, MpsProgram
 from backends.nvidia.nvml import Nvml, load_pynvml
 from backends.nvidia.sharing import DeviceFacts, NvSharingManager, SmiTimeSlicer, TimeSlicer, facts_of
@@ -52,8 +57,11 @@ SETTINGS = (
     "health-wait-ms",
     "recovery-interval",
     ConsumableShares.SETTING,
+    "dynamic-mig",
+    "dynamic-mig-dir",
 )
 STATE_SUBDIR = "mps"
+DEFAULT_DYNAMIC_MIG_DIR = "/var/lib/dra-agent"
 
 
 def _path_setting(settings: Mapping[str, str], key: str, default: str) -> str:
@@ -76,6 +84,11 @@ def _float_setting(settings: Mapping[str, str], key: str, default: float, minimu
     return value
 
 
+def _watched(discovery: Discovery) -> set[tuple[str, str]]:
+    """What a health monitor watches: each device name with its GPU."""
+    return {(d.name, d.gpu.uuid) for d in discovery.devices}
+
+
 class NvidiaBackend:
     """NVIDIA GPUs and MIG devices: discovery, health, CDI edits and telemetry through NVML."""
 
@@ -92,6 +105,8 @@ class NvidiaBackend:
         dev_root: Path | None = None,
         timeslicer: TimeSlicer | None = None,
         mps_program: MpsProgram | None = None,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        make_node: NodeMaker = mknod,
     ) -> None:
         settings = options.settings
         unknown = sorted(set(settings) - set(SETTINGS))
@@ -109,13 +124,21 @@ class NvidiaBackend:
         self._telemetry_interval = _float_setting(settings, "telemetry-interval", 0.0, 0.0)
         self._wait_ms = int(_float_setting(settings, "health-wait-ms", 500, 10))
         self._recovery_interval = _float_setting(settings, "recovery-interval", 5.0, 0.0)
+        dynamic = (settings.get("dynamic-mig") or "false").lower()
+        if dynamic not in ("true", "false"):
+            raise ConfigError("nvidia setting dynamic-mig", dynamic, "true or false")
+        journal_dir = Path(_path_setting(settings, "dynamic-mig-dir", DEFAULT_DYNAMIC_MIG_DIR))
+        self._journal_path = journal_dir / f"dynamic-mig-{self._driver}.json" if dynamic == "true" else None
+        self._dynamic: DynamicMig | None = None
         self._module = nvml_module
+        self._call_timeout = call_timeout
         self._nvml: Nvml | None = None
         # NVML is loaded from the driver root as mounted in the agent (the chart: the same path).
         self._driver_root = Path(driver_root)
         self._clock: Clock = clock or SystemClock()
         self._sysfs_root = sysfs_root
         self._dev_override = dev_root
+        self._make_node = make_node
         self._edits = EditsConfig(
             mode=mode,
             driver_root=driver_root,
@@ -130,6 +153,7 @@ class NvidiaBackend:
         self._discovered = False
         self._said_no_gpus = False
         self._health = HealthState()
+        self._monitor_scopes: set[anyio.CancelScope] = set()
         self._telemetry_cache: list[DeviceTelemetry] = []
         self._telemetry_at: float | None = None
         self._prepared: dict[tuple[str, str], ContainerEdits] = {}
@@ -167,9 +191,15 @@ class NvidiaBackend:
         if self._nvml is not None:
             return
         module = self._module if self._module is not None else load_pynvml()
-        nvml = Nvml(module, self._driver_root)
+        nvml = Nvml(module, self._driver_root, self._call_timeout)
         await nvml.run(nvml.init_sync)
         self._nvml = nvml
+        if self._journal_path is not None:
+            journal = MigJournal(self._journal_path)
+            await anyio.to_thread.run_sync(journal.load)
+            self._dynamic = DynamicMig(nvml, journal)
+            handles = await nvml.run(gpu_handles_sync, nvml)
+            await nvml.run(self._dynamic.reconcile_sync, handles)
         await self._choose_cdi_mode()
 
     async def _choose_cdi_mode(self) -> None:
@@ -234,20 +264,23 @@ class NvidiaBackend:
         nvml, self._nvml = self._nvml, None
         if nvml is not None:
             with anyio.CancelScope(shield=True):
-                await nvml.run(nvml.shutdown_sync)
+                await nvml.shutdown()
 
     async def discover(self) -> Sequence[Device]:
         nvml = self._lib()
         try:
-            discovery = await nvml.run(discover_sync, nvml, self._driver, self._sysfs_root)
+            discovery = await nvml.run(discover_sync, nvml, self._driver, self._sysfs_root, self._dynamic)
         except Exception as error:
             if nvml.is_error(error):
                 raise BackendError(
                     f"NVIDIA backend: cannot list GPUs: {error}: check the driver with 'nvidia-smi'"
                 ) from error
             raise
-        self._discovery = discovery
+        previous, self._discovery = self._discovery, discovery
         self._discovered = True
+        if _watched(previous) != _watched(discovery):
+            for scope in self._monitor_scopes:
+                scope.cancel()
         if not discovery.devices and not self._said_no_gpus:
             self._said_no_gpus = True
             log.warning(
@@ -262,19 +295,35 @@ class NvidiaBackend:
         return self._discovery
 
     async def monitor_health(self, sink: HealthSink) -> None:
-        """Watch the GPUs of the latest discovery (a restart of the monitor picks up new ones)."""
+        """Watch the GPUs of the latest discovery; a rediscovery that changes them restarts the watch.
+
+        `HealthState` outlives each watch, so the new one clears ``gpu-lost`` and ``unmonitored``
+        of GPUs that answer again (a GPU back after a reset, one that appeared later).
+        """
         nvml = self._lib()
         discovery = await self._ensure_discovered()
-        monitor = HealthMonitor(
-            nvml,
-            discovery.devices,
-            self._clock,
-            policy=self._policy,
-            state=self._health,
-            wait_ms=self._wait_ms,
-            recovery_interval=self._recovery_interval,
-        )
-        await monitor.run(sink)
+        while True:
+            monitor = HealthMonitor(
+                nvml,
+                discovery.devices,
+                self._clock,
+                policy=self._policy,
+                state=self._health,
+                wait_ms=self._wait_ms,
+                recovery_interval=self._recovery_interval,
+            )
+            # `discover` cancels this scope when the GPUs change; a failure propagates as it is.
+            with anyio.CancelScope() as scope:
+                self._monitor_scopes.add(scope)
+                try:
+                    await monitor.run(sink)
+                finally:
+                    self._monitor_scopes.discard(scope)
+            discovery = self._discovery
+            log.info(
+                "GPUs changed; restarting health monitoring",
+                extra=log_fields(driver=self._driver, devices=len(discovery.devices)),
+            )
 
     def _device(self, name: str) -> NvDevice:
         found = self._discovery.by_name().get(name)
@@ -289,14 +338,36 @@ class NvidiaBackend:
         if key in self._prepared:
             return self._prepared[key]
         nv = self._device(device)
+        placement = self._dynamic.placements.get(device) if self._dynamic is not None else None
+        if self._dynamic is not None and placement is not None:
+            # The MIG device is created first; its edits are those of a static MIG device.
+            edits = await self._dynamic.prepare(placement, claim.uid, nv, self._created_edits)
+        else:
+            edits = await self._edits_for(nv)
+        self._prepared[key] = edits
+        log.info("prepared device", extra=log_fields(device=device, claim=claim.uid, mode=self._active_mode))
+        return edits
+
+    async def _created_edits(self, nv: NvDevice) -> ContainerEdits:
+        """Edits of a MIG device just created: its capability nodes may not exist yet (we make them)."""
+        if nv.mig is not None:
+            config = self._edits
+            make = functools.partial(ensure_cap_nodes, make=self._make_node)
+            await anyio.to_thread.run_sync(
+                make,
+                config.proc_root,
+                config.dev.view,
+                nv.gpu.minor,
+                nv.mig.gpu_instance_id,
+                nv.mig.compute_instance_id,
+            )
+        return await self._edits_for(nv)
+
+    async def _edits_for(self, nv: NvDevice) -> ContainerEdits:
         mode = await self._mode_for(nv)
         if mode == TOOLKIT:
-            edits = toolkit_edits(nv)
-        else:
-            edits = await anyio.to_thread.run_sync(own_edits, nv, self._edits, self._files)
-        self._prepared[key] = edits
-        log.info("prepared device", extra=log_fields(device=device, claim=claim.uid, mode=mode))
-        return edits
+            return toolkit_edits(nv)
+        return await anyio.to_thread.run_sync(own_edits, nv, self._edits, self._files)
 
     async def _mode_for(self, device: NvDevice) -> str:
         """The mode that serves `device` now: the toolkit's spec is checked at every prepare."""
@@ -325,7 +396,11 @@ class NvidiaBackend:
         return mode
 
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
-        # Nothing on the GPU changes when preparing, so nothing to undo.
+        # Only a dynamic MIG device changes the GPU when prepared; the others have nothing to undo.
+        if self._dynamic is not None:
+            # The journal, not the current discovery, says which GPU holds the claim's MIG device.
+            gpus = {g.uuid: g.handle for g in (await self._ensure_discovered()).gpus}
+            await self._dynamic.unprepare(device, claim.uid, gpus)
         self._prepared.pop((claim.uid, device), None)
 
     def _facts(self, name: str) -> DeviceFacts:
@@ -352,8 +427,11 @@ class NvidiaBackend:
         now = self._clock.monotonic()
         if self._telemetry_at is not None and now - self._telemetry_at < self._telemetry_interval:
             return list(self._telemetry_cache)
+        placements = self._dynamic.placements if self._dynamic is not None else {}
+        # A MIG placement is no device until prepared: its GPU reports for it.
+        devices = [d for d in discovery.devices if d.name not in placements]
         readings = await nvml.run(
-            read_telemetry_sync, nvml, discovery.devices, dict(self._health.last_xid), self._clock.time()
+            read_telemetry_sync, nvml, devices, dict(self._health.last_xid), self._clock.time()
         )
         self._telemetry_cache, self._telemetry_at = readings, now
         return readings

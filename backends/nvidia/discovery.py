@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agent.core.errors import AgentError
 from agent.core.logs import log_fields
@@ -127,6 +127,16 @@ class Discovery:
 
     def by_name(self) -> dict[str, NvDevice]:
         return {d.name: d for d in self.devices}
+
+
+class MigPartitioner(Protocol):
+    """Decides how a GPU is published when dynamic MIG is on (`backends.nvidia.dynamicmig`)."""
+
+    def gpu_devices(
+        self, whole: NvDevice, total_memory: int, mig_mode: Any, static: list[NvDevice]
+    ) -> list[NvDevice]:
+        """The devices of one GPU, given it as a whole device and its static MIG devices."""
+        ...
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -245,8 +255,13 @@ def _common_attributes(
     return attrs, product, bus_id
 
 
-def discover_sync(nvml: Nvml, driver: str, sysfs_root: Path = Path("/sys")) -> Discovery:
-    """Read every GPU and MIG device (blocking; run it in a worker thread)."""
+def discover_sync(
+    nvml: Nvml, driver: str, sysfs_root: Path = Path("/sys"), partitioner: MigPartitioner | None = None
+) -> Discovery:
+    """Read every GPU and MIG device (blocking; run it in a worker thread).
+
+    With a `partitioner` (dynamic MIG), it decides what each GPU publishes.
+    """
     lib = nvml.lib
     system = _system(nvml)
     count = int(lib.nvmlDeviceGetCount())
@@ -254,7 +269,7 @@ def discover_sync(nvml: Nvml, driver: str, sysfs_root: Path = Path("/sys")) -> D
     devices: list[NvDevice] = []
     for index in range(count):
         try:
-            gpu, found = _discover_gpu(nvml, driver, index, system, sysfs_root)
+            gpu, found = _discover_gpu(nvml, driver, index, system, sysfs_root, partitioner=partitioner)
         except Exception as error:
             if not nvml.is_error(error):
                 raise
@@ -272,7 +287,13 @@ def discover_sync(nvml: Nvml, driver: str, sysfs_root: Path = Path("/sys")) -> D
 
 
 def _discover_gpu(
-    nvml: Nvml, driver: str, index: int, system: _System, sysfs_root: Path
+    nvml: Nvml,
+    driver: str,
+    index: int,
+    system: _System,
+    sysfs_root: Path,
+    *,
+    partitioner: MigPartitioner | None = None,
 ) -> tuple[GpuInfo, list[NvDevice]]:
     lib = nvml.lib
     handle = lib.nvmlDeviceGetHandleByIndex(index)
@@ -284,6 +305,10 @@ def _discover_gpu(
     mig_mode = nvml.optional("nvmlDeviceGetMigMode", lib.nvmlDeviceGetMigMode, handle)
     mig_enabled = mig_mode is not None and int(mig_mode[0]) == MIG_ENABLED
     gpu = GpuInfo(index, minor, uuid, handle, product, bus_id, mig_enabled)
+    if partitioner is not None:
+        static = _discover_migs(nvml, driver, gpu, common, total_memory) if mig_enabled else []
+        whole = _whole_gpu(driver, gpu, common, total_memory)
+        return gpu, partitioner.gpu_devices(whole, total_memory, mig_mode, static)
     if mig_enabled:
         migs = _discover_migs(nvml, driver, gpu, common, total_memory)
         if not migs:
@@ -292,24 +317,28 @@ def _discover_gpu(
                 extra=log_fields(gpu=uuid, hint="create MIG devices with nvidia-smi mig or the MIG manager"),
             )
         return gpu, migs
+    return gpu, [_whole_gpu(driver, gpu, common, total_memory)]
+
+
+def _whole_gpu(driver: str, gpu: GpuInfo, common: dict[str, AttributeValue], total_memory: int) -> NvDevice:
     attrs: dict[str, AttributeValue] = {
         "type": "gpu",
-        "uuid": uuid,
-        "index": index,
-        "minor": minor,
+        "uuid": gpu.uuid,
+        "index": gpu.index,
+        "minor": gpu.minor,
         **common,
     }
     capacity = {"memory": Quantity.binary(total_memory)} if total_memory else {}
     device = Device(
-        name=f"gpu-{minor}",
+        name=f"gpu-{gpu.minor}",
         driver=driver,
         attributes=attrs,
         capacity=capacity,
-        uuid=uuid,
-        pci_bus_id=bus_id,
-        product=product,
+        uuid=gpu.uuid,
+        pci_bus_id=gpu.pci_bus_id,
+        product=gpu.product,
     )
-    return gpu, [NvDevice(device, gpu)]
+    return NvDevice(device, gpu)
 
 
 def _profile_infos(nvml: Nvml, handle: Any) -> dict[int, Any]:
@@ -370,7 +399,33 @@ def _discover_migs(
                 "MIG device left out of discovery",
                 extra=log_fields(gpu=gpu.uuid, slot=slot, error=str(error)),
             )
-    return found
+    return _distinct_names(found)
+
+
+def _distinct_names(found: list[NvDevice]) -> list[NvDevice]:
+    """Name each MIG device distinctly: compute instances of one GPU instance share the name.
+
+    NVIDIA's scheme names the GPU instance (profile, profile id, placement), so two compute
+    instances with the same profile in one GPU instance collide; the inventory would keep only
+    the last. The lowest compute instance keeps the name, the others get ``-ci<id>``.
+    """
+    by_name: dict[str, list[NvDevice]] = {}
+    for nv in found:
+        by_name.setdefault(nv.name, []).append(nv)
+    out: list[NvDevice] = []
+    for name, group in by_name.items():
+        group.sort(key=lambda nv: nv.mig.compute_instance_id if nv.mig else 0)
+        out.append(group[0])
+        for nv in group[1:]:
+            ci = nv.mig.compute_instance_id if nv.mig else 0
+            renamed = replace(nv.device, name=f"{name}-ci{ci}")
+            log.warning(
+                "several compute instances of one GPU instance have the same device name; naming "
+                "this one distinctly",
+                extra=log_fields(device=name, renamed=renamed.name, mig=renamed.uuid, compute_instance=ci),
+            )
+            out.append(replace(nv, device=renamed))
+    return out
 
 
 def _mig_device(

@@ -9,30 +9,41 @@ monitor returns within one wait. Conditions (for the taint policy):
   device through the event's GPU/compute instance IDs, else to every device of the GPU.
 - ``ecc-uncorrectable`` (EVENT, CRITICAL) and ``ecc-correctable`` (EVENT, INFO).
 - ``gpu-lost`` (STATE, CRITICAL, every device of the GPU): NVML says GPU_IS_LOST, or an event
-  cannot be read and the GPU no longer answers.
+  cannot be read and the GPU no longer answers. Cleared when the GPU answers again: a lost GPU
+  is asked every ``recovery-interval`` through a fresh handle (one taken before a GPU reset may
+  be stale) and registered for events again; a monitor started after a rediscovery clears it too.
 - ``unmonitored`` (STATE, WARNING): events cannot be registered; NOT_SUPPORTED on older GPUs
-  is a warning (health unknown), never a fault.
+  is a warning (health unknown), never a fault. Cleared when a later registration (a monitor
+  started after a rediscovery) succeeds.
+
+Which GPUs carry these two states is kept in `HealthState`, which outlives one monitor, so a
+monitor started for a new discovery knows what to clear.
 
 Recovery: where the driver reports ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, the XID/ECC conditions
 of a GPU whose action is back to NONE are cleared; elsewhere the taint policy's hold time applies.
+
+Every NVML call is bounded and runs on the monitor's own lane (`Nvml.run_health`), never behind
+a telemetry read; a cancelled wait is not waited for, but the event set is freed only once the
+wait in flight has returned.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
-import anyio.to_thread
 
-from agent.core.backend import ConditionKind, HealthEvent, HealthSink
+from agent.core.backend import ConditionKind, HealthEvent, HealthSink, report_alive
 from agent.core.clock import Clock
 from agent.core.errors import ConfigError
 from agent.core.logs import log_fields
 from agent.core.model import Severity
+from agent.core.vendorcall import STOP_TIMEOUT, VendorCallTimeoutError
 from backends.nvidia.discovery import INVALID_INSTANCE_ID, GpuInfo, NvDevice
 from backends.nvidia.nvml import Nvml, text
 
@@ -101,9 +112,12 @@ class RawEvent:
 
 @dataclass
 class HealthState:
-    """What the monitor learned that telemetry reports (the last XID per GPU UUID)."""
+    """What outlives one monitor: the last XID per GPU UUID (for telemetry), and the GPUs whose
+    ``gpu-lost`` or ``unmonitored`` condition is set and not yet cleared."""
 
     last_xid: dict[str, int] = field(default_factory=dict)
+    lost: set[str] = field(default_factory=set)
+    unmonitored: set[str] = field(default_factory=set)
 
 
 class _Outcome:
@@ -134,19 +148,24 @@ class HealthMonitor:
         self._gpus: dict[str, GpuInfo] = {}
         for d in self._devices:
             self._gpus.setdefault(d.gpu.uuid, d.gpu)
+        # The handle each GPU is watched through; a lost GPU's is replaced when it answers again.
+        self._handles: dict[str, Any] = {uuid: gpu.handle for uuid, gpu in self._gpus.items()}
         self._clock = clock
         self._policy = policy
         self.state = state or HealthState()
         self._wait_ms = wait_ms
         self._recovery_interval = recovery_interval
         self._event_set: Any = None
-        self._lost: set[str] = set()
+        # Held by the worker thread that uses the event set; a call cancelled before its thread
+        # ran finds `_closing` set and leaves the set alone (it may be freed by then).
+        self._set_lock = threading.Lock()
+        self._closing = False
         # GPUs with an active XID/ECC condition whose recovery action is polled.
         self._faulted: dict[str, set[tuple[str, str, str]]] = {}
         # GPUs whose recovery action was seen other than NONE since their fault.
         self._recovering: set[str] = set()
         self._no_recovery_field: set[str] = set()
-        self._next_recovery_poll = 0.0
+        self._next_poll = 0.0
         self._wanted = (
             int(getattr(self._lib, "nvmlEventTypeXidCriticalError", 0x8))
             | int(getattr(self._lib, "nvmlEventTypeDoubleBitEccError", 0x2))
@@ -156,30 +175,64 @@ class HealthMonitor:
     def devices_of(self, gpu_uuid: str) -> list[NvDevice]:
         return [d for d in self._devices if d.gpu.uuid == gpu_uuid]
 
+    def _lost_here(self) -> list[GpuInfo]:
+        return [gpu for uuid, gpu in self._gpus.items() if uuid in self.state.lost]
+
     async def run(self, sink: HealthSink) -> None:
-        """Register events and report until cancelled; frees the event set on the way out."""
-        if not self._gpus:
-            await anyio.sleep_forever()
+        """Register events and report until cancelled; frees the event set on the way out.
+
+        Each wait that returns (an event or its timeout) reports the monitor alive to `sink`.
+        """
         try:
-            for event in await anyio.to_thread.run_sync(self._register_sync):
+            for event in await self._nvml.run_health(self._register_sync):
                 await sink(event)
-            if self._event_set is None:
-                await anyio.sleep_forever()
+            report_alive(sink)
             while True:
-                outcome = await anyio.to_thread.run_sync(self._wait_sync)
-                for event in await self._handle(outcome):
-                    await sink(event)
-                if self._faulted and self._clock.monotonic() >= self._next_recovery_poll:
-                    self._next_recovery_poll = self._clock.monotonic() + self._recovery_interval
-                    for event in await anyio.to_thread.run_sync(self._poll_recovery_sync):
+                if self._event_set is None:
+                    await self._clock.sleep(max(self._recovery_interval, self._wait_ms / 1000))
+                else:
+                    outcome = await self._wait()
+                    for event in await self._handle(outcome):
+                        await sink(event)
+                report_alive(sink)
+                if (self._faulted or self._lost_here()) and self._clock.monotonic() >= self._next_poll:
+                    self._next_poll = self._clock.monotonic() + self._recovery_interval
+                    for event in await self._nvml.run_health(self._poll_sync):
                         await sink(event)
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._free_sync)
+                await self._release()
+
+    async def _wait(self) -> _Outcome:
+        return await self._nvml.run_health(
+            self._wait_sync, bound=self._wait_ms / 1000 + self._nvml.call_timeout
+        )
+
+    async def _release(self) -> None:
+        """Free the event set once no worker thread uses it (a cancelled wait returns within its timeout)."""
+        self._closing = True
+        acquired = False
+        # Freeing the set under a wait in flight would be a use after free: wait for it, bounded.
+        with anyio.move_on_after(self._wait_ms / 1000 + 0.25):
+            while not (acquired := self._set_lock.acquire(blocking=False)):  # noqa: ASYNC110
+                await anyio.sleep(0.005)
+        if not acquired:
+            log.warning("NVML event wait did not return; leaving its event set", extra=log_fields())
+            return
+        try:
+            await self._nvml.run_unlimited(self._free_sync, bound=STOP_TIMEOUT)
+        except VendorCallTimeoutError as error:
+            log.warning("nvmlEventSetFree did not return", extra=log_fields(error=str(error)))
+        finally:
+            self._set_lock.release()
 
     # -- worker-thread parts ------------------------------------------------------------------
 
     def _register_sync(self) -> list[HealthEvent]:
+        with self._set_lock:
+            return [] if self._closing else self._register_all()
+
+    def _register_all(self) -> list[HealthEvent]:
         lib = self._lib
         events: list[HealthEvent] = []
         try:
@@ -196,10 +249,12 @@ class HealthMonitor:
         return events
 
     def _register_gpu(self, gpu: GpuInfo) -> list[HealthEvent]:
+        """Register `gpu` for events; clear its ``gpu-lost`` once it answers, ``unmonitored`` once watched."""
         lib = self._lib
+        handle = self._handles[gpu.uuid]
         try:
             try:
-                supported = int(lib.nvmlDeviceGetSupportedEventTypes(gpu.handle))
+                supported = int(lib.nvmlDeviceGetSupportedEventTypes(handle))
             except Exception as error:
                 if not self._nvml.is_unsupported(error):
                     raise
@@ -207,20 +262,32 @@ class HealthMonitor:
             mask = self._wanted & supported
             xid_type = int(getattr(lib, "nvmlEventTypeXidCriticalError", 0x8))
             if not mask & xid_type:
-                return self._unmonitored(gpu, "this GPU or driver does not report XID events (NOT_SUPPORTED)")
-            lib.nvmlDeviceRegisterEvents(gpu.handle, mask, self._event_set)
+                problem = "this GPU or driver does not report XID events (NOT_SUPPORTED)"
+            else:
+                lib.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
+                problem = ""
         except Exception as error:
             if not self._nvml.is_error(error):
                 raise
             if self._nvml.is_gpu_lost(error):
                 return self._lost_events(gpu, f"GPU is lost: {error}")
-            if self._nvml.is_unsupported(error):
-                return self._unmonitored(gpu, f"event registration not supported: {error}")
-            return self._unmonitored(gpu, f"cannot register events: {error}")
+            unsupported = self._nvml.is_unsupported(error)
+            problem = (
+                f"event registration not supported: {error}"
+                if unsupported
+                else f"cannot register events: {error}"
+            )
+        events = self._cleared(gpu, GPU_LOST, Severity.CRITICAL, "GPU answers again")
+        if problem:
+            return events + self._unmonitored(gpu, problem)
         log.info("watching GPU events", extra=log_fields(gpu=gpu.uuid, mask=hex(mask)))
-        return []
+        return events + self._cleared(gpu, UNMONITORED, Severity.WARNING, "GPU events watched again")
 
     def _wait_sync(self) -> _Outcome:
+        with self._set_lock:
+            return _Outcome() if self._closing else self._wait_once()
+
+    def _wait_once(self) -> _Outcome:
         try:
             data = self._lib.nvmlEventSetWait_v2(self._event_set, self._wait_ms)
         except Exception as error:
@@ -248,11 +315,11 @@ class HealthMonitor:
     def _probe_lost_sync(self) -> list[GpuInfo]:
         """GPUs that no longer answer (after an error from the event set)."""
         lost: list[GpuInfo] = []
-        for gpu in self._gpus.values():
-            if gpu.uuid in self._lost:
+        for uuid, gpu in self._gpus.items():
+            if uuid in self.state.lost:
                 continue
             try:
-                self._lib.nvmlDeviceGetUUID(gpu.handle)
+                self._lib.nvmlDeviceGetUUID(self._handles[uuid])
             except Exception as error:
                 if self._nvml.is_error(error):
                     lost.append(gpu)
@@ -260,15 +327,44 @@ class HealthMonitor:
                     raise
         return lost
 
-    def _rebuild_sync(self) -> None:
+    def _rebuild_sync(self) -> list[HealthEvent]:
         """Recreate the event set without the lost GPUs, so waits stop failing on them."""
+        with self._set_lock:
+            return [] if self._closing else self._rebuild()
+
+    def _rebuild(self) -> list[HealthEvent]:
         self._free_sync()
         self._event_set = self._lib.nvmlEventSetCreate()
+        events: list[HealthEvent] = []
         for gpu in self._gpus.values():
-            if gpu.uuid not in self._lost:
-                self._register_gpu(gpu)
+            if gpu.uuid not in self.state.lost:
+                events.extend(self._register_gpu(gpu))
+        return events
 
-    def _poll_recovery_sync(self) -> list[HealthEvent]:
+    def _poll_sync(self) -> list[HealthEvent]:
+        with self._set_lock:
+            return [] if self._closing else self._revive() + self._poll_recovery()
+
+    def _revive(self) -> list[HealthEvent]:
+        """Ask each lost GPU again, through a fresh handle; one that answers is watched again."""
+        events: list[HealthEvent] = []
+        for gpu in self._lost_here():
+            try:
+                by_uuid = getattr(self._lib, "nvmlDeviceGetHandleByUUID", None)
+                handle = by_uuid(gpu.uuid) if by_uuid is not None else self._handles[gpu.uuid]
+                self._lib.nvmlDeviceGetUUID(handle)
+            except Exception as error:
+                if not self._nvml.is_error(error):
+                    raise
+                continue
+            self._handles[gpu.uuid] = handle
+            if self._event_set is not None:
+                events.extend(self._register_gpu(gpu))
+            else:
+                events.extend(self._cleared(gpu, GPU_LOST, Severity.CRITICAL, "GPU answers again"))
+        return events
+
+    def _poll_recovery(self) -> list[HealthEvent]:
         lib = self._lib
         field_id = getattr(lib, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
         events: list[HealthEvent] = []
@@ -309,7 +405,7 @@ class HealthMonitor:
             return None
         success = int(getattr(self._lib, "NVML_SUCCESS", 0))
         try:
-            values = self._lib.nvmlDeviceGetFieldValues(gpu.handle, [field_id])
+            values = self._lib.nvmlDeviceGetFieldValues(self._handles[gpu.uuid], [field_id])
         except Exception as error:
             if not self._nvml.is_error(error):
                 raise
@@ -332,7 +428,7 @@ class HealthMonitor:
 
     async def _handle(self, outcome: _Outcome) -> list[HealthEvent]:
         if outcome.error is not None:
-            lost = await anyio.to_thread.run_sync(self._probe_lost_sync)
+            lost = await self._nvml.run_health(self._probe_lost_sync)
             if not lost:
                 log.warning("NVML event wait failed", extra=log_fields(error=str(outcome.error)))
                 # Do not spin on a persistent error.
@@ -341,8 +437,7 @@ class HealthMonitor:
             events: list[HealthEvent] = []
             for gpu in lost:
                 events.extend(self._lost_events(gpu, f"GPU is lost: {outcome.error}"))
-            await anyio.to_thread.run_sync(self._rebuild_sync)
-            return events
+            return events + await self._nvml.run_health(self._rebuild_sync)
         if outcome.event is None:
             return []
         return self._map_event(outcome.event)
@@ -425,13 +520,25 @@ class HealthMonitor:
         return events
 
     def _lost_events(self, gpu: GpuInfo, message: str) -> list[HealthEvent]:
-        self._lost.add(gpu.uuid)
-        log.error("GPU lost", extra=log_fields(gpu=gpu.uuid, hint="reset the GPU or reboot the node"))
+        if gpu.uuid not in self.state.lost:
+            self.state.lost.add(gpu.uuid)
+            log.error("GPU lost", extra=log_fields(gpu=gpu.uuid, hint="reset the GPU or reboot the node"))
         return self._state_events(gpu, GPU_LOST, Severity.CRITICAL, message)
 
     def _unmonitored(self, gpu: GpuInfo, message: str) -> list[HealthEvent]:
-        log.warning("GPU health is not monitored", extra=log_fields(gpu=gpu.uuid, reason=message))
+        if gpu.uuid not in self.state.unmonitored:
+            self.state.unmonitored.add(gpu.uuid)
+            log.warning("GPU health is not monitored", extra=log_fields(gpu=gpu.uuid, reason=message))
         return self._state_events(gpu, UNMONITORED, Severity.WARNING, message)
+
+    def _cleared(self, gpu: GpuInfo, condition: str, severity: Severity, message: str) -> list[HealthEvent]:
+        """Clear `condition` (``gpu-lost`` or ``unmonitored``) of `gpu` when it is set."""
+        states = self.state.lost if condition == GPU_LOST else self.state.unmonitored
+        if gpu.uuid not in states:
+            return []
+        states.discard(gpu.uuid)
+        log.info(message, extra=log_fields(gpu=gpu.uuid, condition=condition))
+        return [replace(e, cleared=True) for e in self._state_events(gpu, condition, severity, message)]
 
     def _state_events(
         self, gpu: GpuInfo, condition: str, severity: Severity, message: str

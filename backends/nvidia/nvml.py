@@ -1,7 +1,10 @@
 """A thin layer over `pynvml` (nvidia-ml-py): loading, init/shutdown, worker threads, error mapping.
 
 The `pynvml` module is a dependency passed in (tests give a fake module with the same names);
-every blocking NVML call runs in a worker thread through `Nvml.run`, never on the event loop.
+every blocking NVML call runs in a worker thread, never on the event loop: `Nvml.run` (discovery
+and telemetry, one at a time), `Nvml.run_health` (the health monitor's own lane) or
+`Nvml.run_unlimited` (shutdown). Each is bounded (`agent.core.vendorcall`), so a wedged driver
+fails the call instead of the agent, and SIGTERM never waits for one.
 """
 
 from __future__ import annotations
@@ -15,11 +18,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-import anyio
-import anyio.to_thread
-
 from agent.core.errors import BackendError
 from agent.core.logs import log_fields
+from agent.core.vendorcall import (
+    DEFAULT_CALL_TIMEOUT,
+    STOP_TIMEOUT,
+    VendorCallTimeoutError,
+    VendorLane,
+    run_vendor_call,
+)
 
 log = logging.getLogger("agent.backends.nvidia")
 
@@ -60,12 +67,20 @@ def find_library_dir(driver_root: Path) -> Path | None:
 class Nvml:
     """The `pynvml` module plus the knowledge of how its errors map to our decisions."""
 
-    def __init__(self, module: ModuleType | Any, driver_root: Path = Path("/")) -> None:
+    def __init__(
+        self,
+        module: ModuleType | Any,
+        driver_root: Path = Path("/"),
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    ) -> None:
         self.lib: Any = module
         self.driver_root = driver_root
+        self.call_timeout = call_timeout
         self._initialized = False
-        # Serialize discovery and telemetry (cheap calls); the health loop has its own thread.
-        self._limiter = anyio.CapacityLimiter(1)
+        # Discovery and telemetry (cheap calls) run one at a time; the health monitor has a lane
+        # of its own and shutdown none, so a wedged telemetry read holds up neither.
+        self._serial = VendorLane(call_timeout)
+        self._health = VendorLane(call_timeout)
 
     # -- error classification -------------------------------------------------------------
 
@@ -169,8 +184,23 @@ class Nvml:
     # -- threads ----------------------------------------------------------------------------
 
     async def run(self, func: Callable[..., T], *args: Any) -> T:
-        """Run the blocking `func(*args)` in a worker thread (one at a time)."""
-        return await anyio.to_thread.run_sync(func, *args, limiter=self._limiter)
+        """Run the blocking `func(*args)` in a worker thread (one at a time), bounded in time."""
+        return await self._serial.run(func, *args)
+
+    async def run_health(self, func: Callable[..., T], *args: Any, bound: float | None = None) -> T:
+        """Run the health monitor's `func(*args)` in a worker thread, on its own lane."""
+        return await self._health.run(func, *args, bound=bound)
+
+    async def run_unlimited(self, func: Callable[..., T], *args: Any, bound: float) -> T:
+        """Run `func(*args)` in a worker thread of its own (on no lane), within `bound` seconds."""
+        return await run_vendor_call(func.__name__, func, *args, bound=bound)
+
+    async def shutdown(self) -> None:
+        """`nvmlShutdown`, bounded (`STOP_TIMEOUT`) and on no lane a hung call may hold; never raises."""
+        try:
+            await self.run_unlimited(self.shutdown_sync, bound=STOP_TIMEOUT)
+        except VendorCallTimeoutError as error:
+            log.warning("nvmlShutdown did not return; exiting without it", extra=log_fields(error=str(error)))
 
     def optional(self, what: str, func: Callable[..., T], *args: Any) -> T | None:
         """Call `func(*args)` in this thread; None where the GPU or driver does not support it.

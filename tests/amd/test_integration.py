@@ -22,7 +22,7 @@ from agent.core.inventory import Inventory
 from agent.core.model import Device
 from agent.health.taints import ClusterTaintSupport, TaintPolicy
 from agent.health.tracker import HealthTracker
-from agent.kube.slices import build_pool
+from agent.kube.pool import build_pool
 from tests.amd.conftest import MakeBackend
 from tests.fakes.fake_amdsmi import AMDSMI_STATUS_DRIVER_NOT_LOADED, FakeAmdSmi, mi300x
 from tests.support.clock import FakeClock

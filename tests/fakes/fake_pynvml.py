@@ -9,7 +9,8 @@ pointers that nothing outside NVML looks into); event data is a small object wit
 names because a ctypes structure cannot hold a Python handle.
 
 Tests feed events with `FakeNvml.emit` / `emit_error`, make calls fail with `fail`, lose a GPU
-with `lose`, and set `recovery_action`. Fixtures: `a100_mig` (A100-SXM4-80GB with MIG devices),
+with `lose`, make a function block like a wedged driver with `hang` (until `release`), and set
+`recovery_action`. Fixtures: `a100_mig` (A100-SXM4-80GB with MIG devices),
 `a100_full_mig` (one 7g.80gb), `h100` (H100 80GB HBM3, MIG off), `l4` (no MIG).
 """
 
@@ -20,6 +21,7 @@ import threading
 import types
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pynvml as real
@@ -224,6 +226,9 @@ class FakeNvml:
         self.initialized = 0
         self.event_sets: list[FakeEventSet] = []
         self.calls: list[str] = []
+        self.hung: set[str] = set()
+        """NVML function names whose calls block until `release` (a wedged driver)."""
+        self._released = threading.Event()
         self._lock = threading.Lock()
         self.module = self._build_module()
 
@@ -254,11 +259,22 @@ class FakeNvml:
     def fail(self, gpu_uuid: str, function: str, code: int) -> None:
         self.gpu(gpu_uuid).failures[function] = code
 
+    def hang(self, function: str) -> None:
+        """Calls of `function` block (in their thread) until `release`."""
+        self.hung.add(function)
+
+    def release(self) -> None:
+        """Let every hung call return (as it would have)."""
+        self.hung.clear()
+        self._released.set()
+
     # -- helpers ------------------------------------------------------------------------------
 
     def _enter(self, name: str, handle: FakeHandle | None = None) -> None:
         with self._lock:
             self.calls.append(name)
+        if name in self.hung:
+            self._released.wait()
         if name in self.missing:
             raise error(int(real.NVML_ERROR_FUNCTION_NOT_FOUND))
         if name not in ("nvmlInit", "nvmlInitWithFlags") and not self.initialized:
@@ -323,6 +339,16 @@ class FakeNvml:
         if gpu.lost:
             raise error(int(real.NVML_ERROR_GPU_IS_LOST))
         return self._gpu_handle(gpu)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeHandle:
+        self._enter("nvmlDeviceGetHandleByUUID")
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for gpu in self.gpus:
+            if gpu.uuid == wanted:
+                if gpu.lost:
+                    raise error(int(real.NVML_ERROR_GPU_IS_LOST))
+                return self._gpu_handle(gpu)
+        raise error(int(real.NVML_ERROR_NOT_FOUND))
 
     # -- device properties --------------------------------------------------------------------
 
@@ -530,3 +556,254 @@ def install(monkeypatch: Any, fake: FakeNvml) -> types.ModuleType:
     """Install `fake` as ``sys.modules['pynvml']`` (for code that imports pynvml itself)."""
     monkeypatch.setitem(__import__("sys").modules, "pynvml", fake.module)
     return fake.module
+
+
+# -- dynamic MIG: GPU-instance and compute-instance creation and destruction ------------------
+#
+# Kept apart from `FakeNvml` (other tests change that class): `MigNvml` adds the calls the
+# dynamic-MIG backend makes, with pynvml's names, signatures, return types and error classes.
+# Profiles and placements come from `backends.fake.migtables` (NVIDIA's MIG user guide tables).
+
+NO_CI = -1
+"""`FakeMig.ci_id` of a GPU instance without a compute instance (no MIG device handle yet)."""
+# NVML_COMPUTE_INSTANCE_PROFILE_* index -> compute slices.
+CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
+
+
+@dataclass(frozen=True)
+class FakeComputeInstance:
+    gpu: FakeGpu = field(compare=False)
+    mig: FakeMig = field(compare=False)
+
+
+def dynamic_gpu(product: str, minor: int, bus: str | None = None) -> FakeGpu:
+    """A GPU of `product` (a `migtables.BY_PRODUCT` key) in MIG mode with no MIG device."""
+    from backends.fake import migtables
+
+    table = migtables.BY_PRODUCT[product]
+    h100 = "H100" in product
+    profiles = [
+        GiProfile(
+            index, p.profile_id, p.slices, len(p.placements), p.multiprocessors, p.copy_engines,
+            p.decoders, p.encoders, p.jpegs, p.ofas, p.memory_mib, f"MIG {p.name}",
+        )
+        for index, p in table.items()
+    ]  # fmt: skip
+    memory = {"NVIDIA A100-SXM4-80GB": 81920, "NVIDIA A100-SXM4-40GB": 40960}.get(product, 81559)
+    return FakeGpu(
+        name=product,
+        uuid=f"GPU-d{minor:03d}{'h100' if h100 else 'a100'}-0000-0000-0000-000000000000",
+        minor=minor,
+        bus_id=bus or f"00000000:{0x10 + minor:02x}:00.0",
+        architecture=int(real.NVML_DEVICE_ARCH_HOPPER if h100 else real.NVML_DEVICE_ARCH_AMPERE),
+        cc=(9, 0) if h100 else (8, 0),
+        memory_total=memory * MIB,
+        mig_mode=(1, 1),
+        profiles=profiles,
+    )
+
+
+class MigNvml(FakeNvml):
+    """`FakeNvml` plus GPU-instance profiles, placements, creation and destruction.
+
+    `mig_hook(phase, call)` runs "before" and "after" each create/destroy (the crash tests kill
+    the process there and persist `FakeGpu.migs` as the driver would keep them). With `proc_root`
+    and `dev_root`, creating an instance also makes its MIG capability file
+    (``driver/nvidia/capabilities/gpu<N>/mig/gi<G>[/ci<C>]/access``) and device node
+    (``nvidia-caps/nvidia-cap<minor>``), as ``nvidia-modprobe`` would on a host that runs it;
+    with ``make_nodes=False`` only the file, as the driver alone does. Destroying removes the file.
+    """
+
+    def __init__(
+        self,
+        gpus: Sequence[FakeGpu] = (),
+        *,
+        proc_root: Path | None = None,
+        dev_root: Path | None = None,
+        make_nodes: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        self.proc_root, self.dev_root = proc_root, dev_root
+        self.make_nodes = make_nodes
+        self.mig_hook: Any = None
+        self.once: dict[str, int] = {}
+        """NVML function name -> error code it raises at its next call only (a transient failure)."""
+        self._next_uuid = 0
+        super().__init__(gpus, **kwargs)
+
+    def fail_once(self, function: str, code: int) -> None:
+        self.once[function] = code
+
+    def _enter(self, name: str, handle: FakeHandle | None = None) -> None:
+        code = self.once.pop(name, None)
+        if code is not None:
+            self.calls.append(name)
+            raise error(code)
+        super()._enter(name, handle)
+
+    def _hook(self, phase: str, call: str) -> None:
+        if self.mig_hook is not None:
+            self.mig_hook(phase, call)
+
+    def _capability(self, gpu: FakeGpu, gi: int, ci: int | None, create: bool) -> None:
+        if self.proc_root is None or self.dev_root is None:
+            return
+        base = self.proc_root / "driver" / "nvidia" / "capabilities" / f"gpu{gpu.minor}" / "mig" / f"gi{gi}"
+        path = base / "access" if ci is None else base / f"ci{ci}" / "access"
+        minor = 1000 + gpu.minor * 200 + gi * 8 + (0 if ci is None else 1 + ci)
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+            if not self.make_nodes:
+                return
+            node = self.dev_root / "nvidia-caps" / f"nvidia-cap{minor}"
+            node.parent.mkdir(parents=True, exist_ok=True)
+            node.touch()
+        else:
+            path.unlink(missing_ok=True)
+
+    def _layout(self, gpu: FakeGpu) -> Any:
+        from backends.fake import migtables
+
+        layout = migtables.layout_for(gpu.name)
+        if layout is None or gpu.mig_mode is None or gpu.mig_mode[0] != 1:
+            raise error(int(real.NVML_ERROR_NOT_SUPPORTED))
+        return layout
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeHandle, index: int) -> FakeHandle:
+        self._enter("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        migs = [m for m in handle.gpu.migs if m.ci_id != NO_CI]
+        if index >= len(migs):
+            raise error(int(real.NVML_ERROR_NOT_FOUND))
+        return FakeHandle(handle.gpu, migs[index], key=migs[index].uuid)
+
+    def nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: FakeHandle, profile: int, version: int = 2) -> Any:
+        self._enter("nvmlDeviceGetGpuInstanceProfileInfoV", handle)
+        return self.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile, version)
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, handle: FakeHandle, profileId: int, placementsRef: Any, countRef: Any
+    ) -> int:
+        self._enter("nvmlDeviceGetGpuInstancePossiblePlacements", handle)
+        try:
+            placements = self._layout(handle.gpu).profile(profileId).placements
+        except LookupError:
+            raise error(int(real.NVML_ERROR_NOT_SUPPORTED)) from None
+        count = countRef._obj  # ctypes.byref(c_uint)
+        if placementsRef is not None:
+            if count.value < len(placements):
+                raise error(int(real.NVML_ERROR_INSUFFICIENT_SIZE))
+            for i, p in enumerate(placements):
+                placementsRef[i].start, placementsRef[i].size = p.start, p.size
+        count.value = len(placements)
+        return int(real.NVML_SUCCESS)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(
+        self, handle: FakeHandle, profileId: int, placement: Any
+    ) -> Any:
+        from backends.nvidia.migprofiles import Placement, fits, taken_counters
+
+        self._hook("before", "nvmlDeviceCreateGpuInstanceWithPlacement")
+        self._enter("nvmlDeviceCreateGpuInstanceWithPlacement", handle)
+        gpu = handle.gpu
+        layout = self._layout(gpu)
+        try:
+            profile = layout.profile(profileId)
+        except LookupError:
+            raise error(int(real.NVML_ERROR_INVALID_ARGUMENT)) from None
+        where = Placement(int(placement.start), int(placement.size))
+        if where not in profile.placements:
+            raise error(int(real.NVML_ERROR_INVALID_ARGUMENT))
+        held = [(layout.profile(m.profile_id), Placement(m.start, m.size)) for m in gpu.migs]
+        taken = taken_counters(layout, held)
+        if not fits(layout, taken, profile, where):
+            raise error(int(real.NVML_ERROR_INSUFFICIENT_RESOURCES))
+        used = {m.gi_id for m in gpu.migs}
+        gi_id = next(i for i in range(1, 64) if i not in used)
+        mig = FakeMig("", gi_id, NO_CI, profileId, where.start, where.size)
+        gpu.migs.append(mig)
+        self._capability(gpu, gi_id, None, create=True)
+        self._hook("after", "nvmlDeviceCreateGpuInstanceWithPlacement")
+        return FakeGpuInstance(gpu, mig)
+
+    def _live(self, gpu: FakeGpu, mig: FakeMig) -> FakeMig:
+        if not any(m is mig for m in gpu.migs):
+            raise error(int(real.NVML_ERROR_NOT_FOUND))
+        return mig
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, device: FakeGpuInstance, profile: int, engProfile: int, version: int = 2
+    ) -> Any:
+        self._enter("nvmlGpuInstanceGetComputeInstanceProfileInfo", FakeHandle(device.gpu))
+        mig = self._live(device.gpu, device.mig)
+        slices = CI_PROFILE_SLICES.get(profile)
+        gi_slices = self._profile(device.gpu, mig.profile_id).slices
+        if slices is None or slices > gi_slices or engProfile != 0:
+            raise error(int(real.NVML_ERROR_NOT_SUPPORTED))
+        info = real.c_nvmlComputeInstanceProfileInfo_v2_t()
+        info.id, info.sliceCount, info.instanceCount = profile, slices, gi_slices // slices
+        info.multiprocessorCount = self._profile(device.gpu, mig.profile_id).sms * slices // gi_slices
+        info.name = f"MIG {slices}c".encode()
+        return info
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+        self, device: FakeGpuInstance, profile: int, engProfile: int, version: int = 2
+    ) -> Any:
+        return self.nvmlGpuInstanceGetComputeInstanceProfileInfo(device, profile, engProfile, version)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: FakeGpuInstance, profileId: int) -> Any:
+        self._hook("before", "nvmlGpuInstanceCreateComputeInstance")
+        self._enter("nvmlGpuInstanceCreateComputeInstance", FakeHandle(gpuInstance.gpu))
+        mig = self._live(gpuInstance.gpu, gpuInstance.mig)
+        if mig.ci_id != NO_CI:
+            raise error(int(real.NVML_ERROR_INSUFFICIENT_RESOURCES))
+        if CI_PROFILE_SLICES.get(profileId) != self._profile(gpuInstance.gpu, mig.profile_id).slices:
+            raise error(int(real.NVML_ERROR_NOT_SUPPORTED))  # only full-size compute instances
+        self._next_uuid += 1
+        mig.ci_id, mig.uuid = (
+            0,
+            f"MIG-{gpuInstance.gpu.minor:04d}{mig.gi_id:04d}-{self._next_uuid:04d}-0000-0000-000000000000",
+        )
+        self._capability(gpuInstance.gpu, mig.gi_id, 0, create=True)
+        self._hook("after", "nvmlGpuInstanceCreateComputeInstance")
+        return FakeComputeInstance(gpuInstance.gpu, mig)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gpuInstance: FakeGpuInstance, ci_id: int) -> Any:
+        self._enter("nvmlGpuInstanceGetComputeInstanceById", FakeHandle(gpuInstance.gpu))
+        mig = self._live(gpuInstance.gpu, gpuInstance.mig)
+        if mig.ci_id == NO_CI or mig.ci_id != ci_id:
+            raise error(int(real.NVML_ERROR_NOT_FOUND))
+        return FakeComputeInstance(gpuInstance.gpu, mig)
+
+    def nvmlComputeInstanceGetInfo(self, computeInstance: FakeComputeInstance) -> Any:
+        self._enter("nvmlComputeInstanceGetInfo", FakeHandle(computeInstance.gpu))
+        mig = self._live(computeInstance.gpu, computeInstance.mig)
+        info = real.c_nvmlComputeInstanceInfo_t()
+        info.id, info.profileId = (
+            mig.ci_id,
+            CI_PROFILE_SLICES_INDEX[self._profile(computeInstance.gpu, mig.profile_id).slices],
+        )
+        return info
+
+    def nvmlComputeInstanceDestroy(self, computeInstance: FakeComputeInstance) -> None:
+        self._hook("before", "nvmlComputeInstanceDestroy")
+        self._enter("nvmlComputeInstanceDestroy", FakeHandle(computeInstance.gpu))
+        mig = self._live(computeInstance.gpu, computeInstance.mig)
+        if mig.ci_id == NO_CI:
+            raise error(int(real.NVML_ERROR_NOT_FOUND))
+        self._capability(computeInstance.gpu, mig.gi_id, mig.ci_id, create=False)
+        mig.ci_id, mig.uuid = NO_CI, ""
+        self._hook("after", "nvmlComputeInstanceDestroy")
+
+    def nvmlGpuInstanceDestroy(self, gpuInstance: FakeGpuInstance) -> None:
+        self._hook("before", "nvmlGpuInstanceDestroy")
+        self._enter("nvmlGpuInstanceDestroy", FakeHandle(gpuInstance.gpu))
+        mig = self._live(gpuInstance.gpu, gpuInstance.mig)
+        if mig.ci_id != NO_CI:
+            raise error(int(real.NVML_ERROR_IN_USE))
+        gpuInstance.gpu.migs[:] = [m for m in gpuInstance.gpu.migs if m is not mig]
+        self._capability(gpuInstance.gpu, mig.gi_id, None, create=False)
+        self._hook("after", "nvmlGpuInstanceDestroy")
+
+
+CI_PROFILE_SLICES_INDEX = {slices: index for index, slices in CI_PROFILE_SLICES.items()}

@@ -101,29 +101,26 @@ async def test_claims_come_back_in_v1_shape(version: str) -> None:
             await kube.close()
 
 
-async def test_device_taint_rule_crud_and_events() -> None:
+async def test_dry_run_create_stores_nothing_and_events() -> None:
     async with KubeApiEmulator(version="1.34", feature_gates={"DRADeviceTaints": True}) as emu:
         emu.add_node(NODE)
         kube = KubeClient.from_configuration(emu.configuration())
         try:
             await kube.discover()
-            rule = {
-                "metadata": {"name": "r1", "labels": {"app.kubernetes.io/managed-by": "dra-agent"}},
+            probe = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"generateName": "probe-"},
                 "spec": {
-                    "deviceSelector": {"driver": DRIVER, "pool": NODE, "device": "gpu-0"},
-                    "taint": {"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"},
+                    "driver": DRIVER,
+                    "nodeName": NODE,
+                    "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                    "devices": [{"name": "d", "taints": [{"key": f"{DRIVER}/k", "effect": "NoSchedule"}]}],
                 },
             }
-            created = await kube.create_device_taint_rule(rule)
-            assert created["spec"]["taint"]["timeAdded"]
-            (listed,) = await kube.list_device_taint_rules("app.kubernetes.io/managed-by=dra-agent")
-            listed["spec"]["taint"]["effect"] = "NoExecute"
-            updated = await kube.update_device_taint_rule(listed)
-            assert updated["spec"]["taint"]["effect"] == "NoExecute"
-            assert await kube.delete_device_taint_rule(
-                "r1", uid=updated["metadata"]["uid"], resource_version=updated["metadata"]["resourceVersion"]
-            )
-            assert not await kube.delete_device_taint_rule("r1")
+            answer = await kube.dry_run_create_resource_slice(probe)
+            assert answer["spec"]["devices"][0]["taints"][0]["key"] == f"{DRIVER}/k"
+            assert emu.list("resourceslices") == []
             await kube.create_event(
                 {
                     "metadata": {"name": "node-1.abc", "namespace": "default"},

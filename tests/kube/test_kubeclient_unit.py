@@ -1,13 +1,10 @@
-"""KubeClient pieces that need no API server: claim conversion, server info, taint rule names."""
+"""KubeClient pieces that need no API server: claim conversion, server info."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agent.core.model import is_dns_subdomain
-from agent.health.taints import DeviceTaint
 from agent.kube.client import ServerInfo, claim_to_v1
-from agent.kube.taintrules import desired_rules, rule_name
 
 
 def test_v1beta1_claim_requests_move_under_exactly() -> None:
@@ -52,20 +49,3 @@ def test_server_info_taint_support() -> None:
     assert new.taint_support.max_taints_per_device == 16 and new.taint_support.none_effect
     assert old.max_devices_with_taints == 128 and new.max_devices_with_taints == 64
     assert not ServerInfo(1, 32, "v1.32.4", "v1beta1", None).slice_taints_possible
-
-
-def test_rule_names_are_stable_and_valid() -> None:
-    name = rule_name("gpu.nvidia.com", "node-1", "gpu-0", "gpu.nvidia.com/xid")
-    assert name == rule_name("gpu.nvidia.com", "node-1", "gpu-0", "gpu.nvidia.com/xid")
-    assert name != rule_name("gpu.nvidia.com", "node-1", "gpu-1", "gpu.nvidia.com/xid")
-    assert is_dns_subdomain(name)
-    long = rule_name("d.io", "n" * 250, "gpu-0", "k")
-    assert len(long) <= 253 and is_dns_subdomain(long)
-    rules = desired_rules(
-        "d.io",
-        "node-1",
-        {"gpu-0": (DeviceTaint("d.io/xid", "NoSchedule", "79"), DeviceTaint("d.io/xid", "NoSchedule", "48"))},
-    )
-    (rule,) = rules.values()
-    assert rule["spec"]["deviceSelector"] == {"driver": "d.io", "pool": "node-1", "device": "gpu-0"}
-    assert rule["spec"]["taint"]["value"] == "79"

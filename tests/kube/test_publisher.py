@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 import pytest
@@ -13,6 +14,7 @@ from agent.core.backend import ConditionKind, HealthEvent
 from agent.core.model import Device, Severity
 from agent.health.taints import ClusterTaintSupport, DeviceTaint, TaintPolicy
 from agent.health.tracker import HealthTracker
+from agent.kube.pool import build_pool
 from tests.kube.harness import DRIVER, NODE, eventually, harness, make_devices
 from tests.support.clock import FakeClock
 
@@ -30,7 +32,8 @@ async def test_first_publish_has_owner_pool_and_devices() -> None:
             {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
         ]
         assert spec["nodeName"] == NODE and spec["driver"] == DRIVER
-        assert spec["pool"] == {"name": NODE, "generation": 0, "resourceSliceCount": 1}
+        # A new pool starts at generation 1, as the Go slice controller's.
+        assert spec["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
         assert h.devices()["gpu-0"]["capacity"]["memory"]["value"] == "80Gi"
         await h.settle(lambda: h.metric("dra_agent_resourceslices", {"driver": DRIVER}) == 1)
 
@@ -75,12 +78,12 @@ async def test_large_pool_is_split_and_shrinks_with_a_new_generation() -> None:
         assert sorted(len(s["spec"]["devices"]) for s in slices) == [44, 128, 128]
         assert {
             (s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"]) for s in slices
-        } == {(0, 3)}
+        } == {(1, 3)}
         h.inventory.set_devices(make_devices(100))
         await h.settle(lambda: len(h.slices()) == 1 and len(h.devices()) == 100)
         (only,) = h.slices()
         assert only["spec"]["pool"]["resourceSliceCount"] == 1
-        assert only["spec"]["pool"]["generation"] >= 1
+        assert only["spec"]["pool"]["generation"] >= 2
 
 
 async def test_taint_added_held_and_lifted_with_events() -> None:
@@ -235,33 +238,95 @@ async def test_v1beta1_cluster_publishes_and_reports_untaintable_devices() -> No
         assert h.writes() == 0
 
 
-async def test_dropped_taints_fall_back_to_device_taint_rules(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="agent.kube.publisher")
+async def test_dropped_taints_make_devices_unpublishable(caplog: pytest.LogCaptureFixture) -> None:
+    """No DeviceTaintRule fallback: upstream the rules need ``DRADeviceTaintRules``, which needs
+    ``DRADeviceTaints`` (``pkg/features/kube_features.go``), so a cluster that drops slice taints
+    also ignores rules. The devices are reported as unpublishable instead: one Event and one log
+    line naming the gate per episode, a gauge, a readiness detail."""
+    caplog.set_level(logging.INFO, logger="agent.kube.publisher")
     clock = FakeClock()
-    async with harness(version="1.34", resync_seconds=0.3) as h:
+    readiness: list[tuple[bool, str]] = []
+
+    def on_published(ok: bool, detail: str) -> None:
+        readiness.append((ok, detail))
+
+    async with harness(version="1.34", resync_seconds=0.3, on_published=on_published) as h:
         await h.settle(lambda: len(h.devices()) == 4)
         h.emu.set_feature_gate("DRADeviceTaints", False)
         tracker = HealthTracker(h.inventory, clock, hold_seconds=60)
         await tracker.handle(XID)
         await h.settle(lambda: not h.publisher.taints_in_slices)
-        assert h.metric("dra_agent_taints_dropped_by_apiserver_total", {"driver": DRIVER}) == 1
-        assert sum("dropped the device taints" in r.message for r in caplog.records) == 1
-        # The emulator serves DeviceTaintRules under the same gate: with it off, neither works and
-        # the device stays published; once rules are served again (next resync) they are used.
-        await h.settle(
-            lambda: (
-                h.metric("dra_agent_publish_errors_total", {"driver": DRIVER, "reason": "taints_unsupported"})
-                == 1
-            )
-        )
+        unpublishable = {"driver": DRIVER}
+        await h.settle(lambda: h.metric("dra_agent_unpublishable_devices", unpublishable) == 1)
+        await tracker.handle(dataclasses.replace(XID, device="gpu-2"))
+        await h.settle(lambda: h.metric("dra_agent_unpublishable_devices", unpublishable) == 2)
+        assert readiness[-1][0] and "DRADeviceTaints" in readiness[-1][1]
         assert "gpu-1" in h.devices() and not h.taints("gpu-1")
+        assert h.metric("dra_agent_taints_dropped_by_apiserver_total", {"driver": DRIVER}) == 1
+        errors = {"driver": DRIVER, "reason": "taints_unsupported"}
+        assert h.metric("dra_agent_publish_errors_total", errors) == 1  # one episode
+        await h.settle(lambda: "DeviceTaintUnsupported" in h.event_reasons())
+        assert h.event_reasons().count("DeviceTaintUnsupported") == 1
+        gate_lines = [r for r in caplog.records if "enable the DRADeviceTaints" in r.getMessage()]
+        assert len(gate_lines) == 1
+        assert h.writes("devicetaintrules") == 0
+
+        # The gate comes back: the next resync probes again and the taints are published.
         h.emu.set_feature_gate("DRADeviceTaints", True)
-        await h.settle(lambda: len(h.emu.list("devicetaintrules")) == 1)
-        (rule,) = h.emu.list("devicetaintrules")
-        assert rule["spec"]["deviceSelector"] == {"driver": DRIVER, "pool": NODE, "device": "gpu-1"}
-        clock.advance(120)
-        tracker.expire()
-        await h.settle(lambda: h.emu.list("devicetaintrules") == [])
+        await h.settle(lambda: bool(h.taints("gpu-1")) and bool(h.taints("gpu-2")))
+        await h.settle(lambda: h.metric("dra_agent_unpublishable_devices", unpublishable) == 0)
+        await h.settle(lambda: readiness[-1] == (True, ""))
+
+
+async def test_a_slow_events_endpoint_does_not_delay_taints() -> None:
+    """Events go out from their own bounded queue: with each Event POST hanging until the client's
+    timeout (2 s here), a second taint is still published before the first Event gives up."""
+    clock = FakeClock()
+    async with harness() as h:
+        await h.settle(lambda: len(h.devices()) == 4)
+        h.emu.faults.slow["events"] = 2.5  # beyond the client's 2 s timeout
+        tracker = HealthTracker(h.inventory, clock, hold_seconds=60)
+        await tracker.handle(XID)
+        await h.settle(lambda: bool(h.taints("gpu-1")))
+        await h.settle(lambda: h.emu.requests[("create", "events")] >= 1)
+        await tracker.handle(dataclasses.replace(XID, device="gpu-2"))
+        await h.settle(lambda: bool(h.taints("gpu-2")))
+        failed = {"resource": "events", "verb": "create", "result": "error"}
+        assert h.metric("dra_agent_api_writes_total", failed) == 0  # the first Event is still in flight
+
+
+async def test_a_full_event_queue_drops_events_without_blocking() -> None:
+    async with harness(start=False, event_queue_size=2) as h:
+        queue = h.publisher.events
+        assert queue is not None
+        assert [queue.post("R", f"m{i}") for i in range(3)] == [True, True, False]
+        assert queue.dropped == 1
+
+
+async def test_capabilities_are_probed_not_read_from_the_version() -> None:
+    """A 1.34 server with the gate off drops taints from the probe: known before any taint."""
+    async with harness(version="1.34", gates={"DRADeviceTaints": False}) as h:
+        await h.settle(lambda: len(h.devices()) == 4)
+        caps = h.publisher.capabilities
+        assert caps is not None and caps.probed and not caps.slice_taints
+        assert h.emu.requests[("create", "resourceslices")] >= 1 and len(h.slices()) == 1  # dry-run
+
+
+async def test_control_plane_upgrade_is_probed_again() -> None:
+    async with harness(version="1.34", resync_seconds=0.2) as h:
+        await h.settle(lambda: len(h.devices()) == 4)
+        before = h.publisher.capabilities
+        assert before is not None and not before.none_effect and before.max_taints_per_device == 4
+        h.emu.version = "1.35"  # the control plane is upgraded under the running agent
+        h.emu.registry.release = "1.35"
+
+        def upgraded() -> bool:
+            caps = h.publisher.capabilities
+            return caps is not None and caps.none_effect and caps.max_taints_per_device == 16
+
+        await h.settle(upgraded)
+        assert h.publisher.capabilities is not None
+        assert h.publisher.capabilities.server_version.startswith("v1.35")
 
 
 class FiveTaints:
@@ -363,19 +428,25 @@ async def test_publisher_runs_discovery_itself() -> None:
         assert result.created == 1 and h.kube.slice_version == "v1"
 
 
-async def test_taints_in_two_slices_update_two_slices_without_a_new_generation() -> None:
+async def test_two_changed_slices_bump_the_generation_of_the_whole_pool() -> None:
+    """The Go slice controller's rule (``resourceslicecontroller.go``, ``syncPool``): the generation
+    stays only when no slice is added and at most one changes. The agent used to rewrite just the
+    two changed slices under the old generation."""
     clock = FakeClock()
-    async with harness(devices=make_devices(300)) as h:
-        await h.settle(lambda: len(h.devices()) == 300)
-        await anyio.sleep(0.1)
+    async with harness(devices=make_devices(300), start=False) as h:
+        await h.publisher.reconcile()
+        assert {s["spec"]["pool"]["generation"] for s in h.slices()} == {1}
         h.emu.reset_writes()
         tracker = HealthTracker(h.inventory, clock, hold_seconds=60)
         await tracker.handle(dataclasses.replace(XID, device="gpu-1"))
         await tracker.handle(dataclasses.replace(XID, device="gpu-200"))
-        await h.settle(lambda: bool(h.taints("gpu-1")) and bool(h.taints("gpu-200")))
-        await anyio.sleep(0.1)
-        assert h.writes() == h.emu.writes[("update", "resourceslices")] == 2
-        assert {s["spec"]["pool"]["generation"] for s in h.slices()} == {0}
+        result = await h.publisher.reconcile()
+        assert result.updated == 3 and result.writes == 3
+        assert {s["spec"]["pool"]["generation"] for s in h.slices()} == {2}
+        assert h.taints("gpu-1") and h.taints("gpu-200")
+        await tracker.handle(dataclasses.replace(XID, device="gpu-2"))
+        assert (await h.publisher.reconcile()).writes == 1  # one changed slice: generation kept
+        assert {s["spec"]["pool"]["generation"] for s in h.slices()} == {2}
 
 
 async def test_time_added_survives_updates_of_other_taints() -> None:
@@ -410,7 +481,7 @@ async def test_recreated_node_gets_slices_owned_by_its_new_uid() -> None:
         assert owned_by_new_node()
 
 
-@pytest.mark.parametrize("version", ["1.33", "1.34", "1.35"])
+@pytest.mark.parametrize("version", ["1.33", "1.34", "1.35", "1.36"])
 async def test_each_api_version_publishes_taints_without_rewrites(version: str) -> None:
     async with harness(version=version) as h:
         tracker = HealthTracker(h.inventory, FakeClock(), hold_seconds=60)
@@ -420,3 +491,71 @@ async def test_each_api_version_publishes_taints_without_rewrites(version: str) 
         h.emu.reset_writes()
         assert (await h.publisher.reconcile()).writes == 0
         assert h.writes() == 0
+
+
+async def test_kube_none_prints_exactly_what_is_published() -> None:
+    """``--kube none`` prints `build_pool`'s slices: the publisher's chunking, owner, shape and taints."""
+    clock = FakeClock()
+    async with harness(version="1.35", devices=make_devices(130)) as h:
+        tracker = HealthTracker(h.inventory, clock, hold_seconds=60)
+        await tracker.handle(dataclasses.replace(XID, device="gpu-70"))
+        await h.settle(lambda: len(h.devices()) == 130 and bool(h.taints("gpu-70")))
+        devices = h.inventory.devices()
+        support = ClusterTaintSupport(max_taints_per_device=16, none_effect=True)
+        uid = h.emu.get("nodes", NODE)["metadata"]["uid"]
+        printed = build_pool(
+            driver=DRIVER,
+            node_name=NODE,
+            node_uid=uid,
+            devices=devices,
+            taints=TaintPolicy.default().taint_map(devices, support),
+            support=support,
+        )
+
+        def comparable(obj: dict[str, Any]) -> tuple[Any, ...]:
+            meta, spec = obj["metadata"], obj["spec"]
+            for device in spec["devices"]:
+                for taint in device.get("taints", []):
+                    taint.pop("timeAdded", None)  # set by the API server
+            return (
+                obj["apiVersion"],
+                meta["generateName"],
+                meta["labels"],
+                meta["ownerReferences"],
+                spec["nodeName"],
+                spec["pool"],
+                spec["devices"],
+            )
+
+        published = sorted((comparable(s) for s in h.slices()), key=repr)
+        assert sorted((comparable(s) for s in printed), key=repr) == published
+
+
+async def test_an_api_server_restart_is_discovered_without_waiting_for_the_resync() -> None:
+    """An upgrade restarts the API server: the broken watch makes the publisher look again."""
+    async with harness(version="1.34") as h:
+        await h.settle(lambda: len(h.devices()) == 4)
+        h.emu.faults.outage(True)
+        await h.settle(
+            lambda: (
+                h.metric("dra_agent_watch_restarts_total", {"resource": "resourceslices", "reason": "error"})
+                >= 1
+            )
+        )
+        h.emu.version = "1.35"
+        h.emu.registry.release = "1.35"
+        h.emu.faults.outage(False)
+
+        def probed_again() -> bool:
+            caps = h.publisher.capabilities
+            return caps is not None and caps.none_effect
+
+        await h.settle(probed_again, within=3)
+
+
+async def test_on_136_the_gate_is_on_by_default_and_probed() -> None:
+    """``DRADeviceTaints`` is beta and on by default from 1.36 (``pkg/features/kube_features.go``)."""
+    async with harness(version="1.36", gates={}) as h:
+        await h.settle(lambda: len(h.devices()) == 4)
+        caps = h.publisher.capabilities
+        assert caps is not None and caps.probed and caps.slice_taints and caps.none_effect

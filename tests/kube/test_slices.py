@@ -5,8 +5,8 @@ from __future__ import annotations
 from agent.core.model import Device
 from agent.core.quantity import Quantity
 from agent.health.taints import DeviceTaint
+from agent.kube.pool import build_pool
 from agent.kube.slices import (
-    build_pool,
     chunk_names,
     device_names,
     device_to_api,
@@ -22,12 +22,11 @@ def test_natural_order() -> None:
 
 def test_chunks_respect_limits() -> None:
     names = [f"d-{i}" for i in range(300)]
-    chunks = chunk_names(names, set(), 128, 64)
+    chunks = chunk_names(names, 128)
     assert [len(c) for c in chunks] == [128, 128, 44]
-    tainted = chunk_names(names, {"d-5"}, 128, 64)
-    assert len(tainted[0]) == 64 and all(len(c) <= 128 for c in tainted)
-    assert sum(len(c) for c in tainted) == 300
-    assert chunk_names([], set(), 128, 64) == [[]]
+    assert chunks[0][:3] == ["d-0", "d-1", "d-2"]
+    assert [len(c) for c in chunk_names(names, 64)] == [64, 64, 64, 64, 44]
+    assert chunk_names([], 128) == [[]]
 
 
 def test_semantic_equality_ignores_quantity_form_and_time_added() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from agent.observe.metrics import ALLOCATION_LABELS, TELEMETRY_LABELS
 from tests.deploy.chart import render_objects
 from tests.observability.promql import CHART_LABELS, exported_labels, metric_names, unknown_labels
 
@@ -17,6 +18,18 @@ GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 DASHBOARDS = sorted(GRAFANA.glob("*.json"))
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 _LABEL_VALUES = re.compile(r"^label_values\((.*),\s*(\w+)\)$")
+VENDOR_EXPORTERS: dict[str, frozenset[str]] = {
+    # dcgm-exporter (NVIDIA): its per-GPU labels and the pod labels it adds in Kubernetes mode.
+    "DCGM_FI_DEV_GPU_UTIL": frozenset(
+        {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "namespace", "pod", "container"}
+    ),
+    # AMD device-metrics-exporter: exportermetrics.GPUMetricLabel names, lower-cased as it exports them.
+    "gpu_gfx_activity": frozenset(
+        {"gpu_uuid", "serial_number", "gpu_id", "card_model", "hostname", "namespace", "pod", "container"}
+    ),
+}
+"""Vendor exporters' series the Workloads dashboard joins with (only that dashboard may query them)."""
+WORKLOADS = GRAFANA / "workloads.json"
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -29,8 +42,18 @@ def targets(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
     return [t for p in dashboard["panels"] for t in p.get("targets", [])]
 
 
-def test_the_three_dashboards_exist() -> None:
-    assert {p.stem for p in DASHBOARDS} == {"fleet-overview", "node-drilldown", "device-telemetry"}
+def test_the_four_dashboards_exist() -> None:
+    assert {p.stem for p in DASHBOARDS} == {
+        "fleet-overview",
+        "node-drilldown",
+        "device-telemetry",
+        "workloads",
+    }
+
+
+def series_labels(path: Path) -> dict[str, frozenset[str]]:
+    """What `path` may query: the agent's series, and the vendor exporters' for the Workloads one."""
+    return exported_labels() | (VENDOR_EXPORTERS if path == WORKLOADS else {})
 
 
 def test_metric_name_extraction() -> None:
@@ -64,7 +87,7 @@ def test_dashboard_model(path: Path) -> None:
         for target in panel["targets"]:
             assert target["datasource"] == DATASOURCE
             assert target["expr"].strip()
-    used = set(re.findall(r"\$(\w+)", json.dumps(dashboard)))
+    used = set(re.findall(r"\$([A-Za-z_]\w*)", json.dumps(dashboard)))  # not label_replace's $1
     assert used - {"__rate_interval", "__interval"} <= set(variables), used - set(variables)
     for variable in variables.values():
         if variable["type"] == "query":
@@ -87,7 +110,7 @@ def queries(dashboard: dict[str, Any]) -> list[tuple[str, set[str]]]:
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
 def test_dashboard_queries_only_exported_metrics(path: Path) -> None:
-    exported = exported_labels()
+    exported = series_labels(path)
     queried = set().union(*(metric_names(expr) for expr, _ in queries(load(path))))
     assert queried, "no metrics found"
     unknown = sorted(queried - set(exported))
@@ -98,7 +121,7 @@ def test_dashboard_queries_only_exported_metrics(path: Path) -> None:
 def test_dashboard_queries_only_labels_the_series_have(path: Path) -> None:
     """Labels come from the agent, from Prometheus (job, instance) or from the chart's monitors
     (node): a dashboard needing another label shows "no data"."""
-    exported = exported_labels()
+    exported = series_labels(path)
     for expr, legend in queries(load(path)):
         unknown = unknown_labels(expr, exported, legend)
         assert not unknown, f"{path.name}: {expr!r} uses labels no series has: {sorted(unknown)}"
@@ -187,3 +210,24 @@ def test_dashboards_cover_the_issue_panels() -> None:
     telemetry = json.dumps(load(GRAFANA / "device-telemetry.json"))
     assert "dra_agent_device_temperature_celsius" in telemetry
     assert "dra_agent_health_events_total" in telemetry
+
+
+_JOIN = re.compile(r"\bon\s*\(([^)]*)\)\s*group_(?:left|right)")
+
+
+def test_workloads_joins_telemetry_and_vendor_exporters_on_uuid() -> None:
+    """One ``on (UUID)`` joins the allocation info with the agent's telemetry and with dcgm-exporter
+    (whose label is ``UUID``); AMD's exporter's ``gpu_uuid`` is renamed to it by label_replace."""
+    assert {"UUID", "namespace", "pod", "container"} <= set(ALLOCATION_LABELS)
+    assert "UUID" in TELEMETRY_LABELS and "pci_bus_id" in ALLOCATION_LABELS
+    labels = series_labels(WORKLOADS)
+    joined: set[str] = set()
+    for expr, _ in queries(load(WORKLOADS)):
+        for clause in _JOIN.findall(expr):
+            assert [k.strip() for k in clause.split(",")] == ["UUID"], expr
+            assert "dra_agent_device_allocation_info" in metric_names(expr), expr
+            for metric in metric_names(expr) - {"dra_agent_device_allocation_info"}:
+                renamed = "label_replace(" in expr and '"UUID"' in expr
+                assert "UUID" in labels[metric] or renamed, (metric, expr)
+                joined.add(metric)
+    assert {"dra_agent_device_utilization_ratio", *VENDOR_EXPORTERS} <= joined

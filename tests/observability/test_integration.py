@@ -34,13 +34,16 @@ async def test_scrape_shows_polled_telemetry_and_readiness_follows_the_checks() 
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
                 text = await response.text()
-            assert 'dra_agent_device_power_watts{device="gpu-0",driver="gpu.example.com"' in text
+            assert (
+                'dra_agent_device_power_watts{UUID="GPU-00000000",device="gpu-0",driver="gpu.example.com"'
+                in text
+            )
             assert 'pool="node-a"' in text
             async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
                 assert response.status == 503
                 body = await response.text()
                 assert f"[-] registered/{DRIVER}: not reported yet" in body
-                assert f"[+] monitor/{DRIVER}" in body
+                assert f"[+] telemetry/{DRIVER}" in body
             readiness.set(f"registered/{DRIVER}", True)
             async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
                 assert response.status == 200

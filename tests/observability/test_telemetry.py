@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 import anyio
 
-from agent.core.backend import DeviceTelemetry, HealthEvent
+from agent.core.backend import DeviceTelemetry
 from agent.core.inventory import Inventory
 from agent.core.model import DeviceHealth, HealthCondition, Severity
 from agent.observe.metrics import Metrics
@@ -13,7 +13,6 @@ from agent.observe.readiness import Readiness
 from agent.observe.telemetry import (
     FAILURES_BEFORE_NOT_READY,
     TelemetryPoller,
-    monitor_seen_sink,
     update_device_counts,
 )
 from tests.observability.fakes import DRIVER, TelemetryBackend, make_devices
@@ -27,7 +26,7 @@ def labels(i: int) -> dict[str, str]:
         "driver": DRIVER,
         "pool": NODE,
         "device": f"gpu-{i}",
-        "uuid": f"GPU-{i:08x}",
+        "UUID": f"GPU-{i:08x}",
         "pci_bus_id": f"0000:{i + 1:02x}:00.0",
         "product": "Example GPU 80GB",
     }
@@ -61,7 +60,7 @@ def setup(
 
 
 async def test_sets_every_gauge_with_identity_labels() -> None:
-    _, _, metrics, clock, readiness, poller = setup()
+    _, _, metrics, _, readiness, poller = setup()
     assert readiness.ready()[0] is False  # expected before the first read
     assert await poller.poll_once()
     get = metrics.registry.get_sample_value
@@ -76,9 +75,9 @@ async def test_sets_every_gauge_with_identity_labels() -> None:
         assert get("dra_agent_device_last_error_code", labels(i)) == 79
     driver = {"driver": DRIVER}
     assert get("dra_agent_telemetry_read_duration_seconds_count", driver) == 1
-    assert get("dra_agent_health_monitor_last_seen_timestamp_seconds", driver) == clock.time()
+    assert not get("dra_agent_health_monitor_last_seen_timestamp_seconds", driver)  # the monitor's, not ours
     assert get("dra_agent_devices", {**driver, "health": "healthy"}) == 2
-    assert readiness.ready() == (True, {f"monitor/{DRIVER}": (True, "")})
+    assert readiness.ready() == (True, {f"telemetry/{DRIVER}": (True, "")})
 
 
 async def test_degraded_fields_have_no_series() -> None:
@@ -116,7 +115,7 @@ async def test_failed_reads_drop_series_count_errors_and_turn_not_ready() -> Non
     assert not await poller.poll_once()
     ok, checks = readiness.ready()
     assert not ok
-    assert "NVML_ERROR_GPU_IS_LOST" in checks[f"monitor/{DRIVER}"][1]
+    assert "NVML_ERROR_GPU_IS_LOST" in checks[f"telemetry/{DRIVER}"][1]
     assert get("dra_agent_telemetry_read_errors_total", {"driver": DRIVER}) == FAILURES_BEFORE_NOT_READY
     assert get("dra_agent_telemetry_read_duration_seconds_count", {"driver": DRIVER}) == 4
     backend.error = None
@@ -150,23 +149,6 @@ async def test_device_counts_follow_health() -> None:
     assert get("dra_agent_devices", {"driver": DRIVER, "health": "unhealthy"}) == 1
     assert get("dra_agent_devices", {"driver": DRIVER, "health": "unknown"}) == 1
     assert get("dra_agent_devices", {"driver": DRIVER, "health": "healthy"}) == 1
-
-
-async def test_monitor_seen_sink_stamps_and_forwards() -> None:
-    seen: list[HealthEvent] = []
-
-    async def sink(event: HealthEvent) -> None:
-        seen.append(event)
-
-    metrics, clock = Metrics(), FakeClock()
-    wrapped = monitor_seen_sink(sink, metrics, DRIVER, clock)
-    event = HealthEvent(device="gpu-0", condition="xid", severity=Severity.CRITICAL, value="79")
-    await wrapped(event)
-    await wrapped(event)
-    assert seen == [event, event]
-    get = metrics.registry.get_sample_value
-    assert get("dra_agent_health_events_total", {"driver": DRIVER, "condition": "xid"}) is None
-    assert get("dra_agent_health_monitor_last_seen_timestamp_seconds", {"driver": DRIVER}) == clock.time()
 
 
 async def settle() -> None:

@@ -19,7 +19,7 @@ from agent.core.model import Device, RequestPolicy
 from agent.core.quantity import Quantity
 from agent.core.sharing import ConsumableShares
 from agent.emulator import KubeApiEmulator
-from agent.kube.slices import build_slice, semantic_device
+from agent.kube.slices import build_slice, device_to_api, semantic_device
 from tests.sharing.helpers import NODE, fake_backend
 
 GI = 1024**3
@@ -42,16 +42,16 @@ def consumed(policy: dict[str, Any] | None, capacity: int, requested: int | None
 async def _slice(tmp_path: Path, profile: str, shares: str) -> dict[str, Any]:
     backend = fake_backend(tmp_path, profile=profile, shares=shares)
     devices = await backend.discover()
-    return build_slice(
+    body = build_slice(
         driver=backend.driver_name,
         node_name=NODE,
         node_uid="",
-        devices=devices,
-        taints={},
+        entries=[device_to_api(d) for d in devices],
         generation=1,
         slice_count=1,
-        name=f"{NODE}-{backend.driver_name}",
     )
+    body["metadata"] = {"name": f"{NODE}-{backend.driver_name}"}
+    return body
 
 
 @pytest.mark.parametrize("shares", ["memory", "unlimited", "4"])

@@ -1,0 +1,176 @@
+"""Per-workload attribution: keeps the allocation info series in step with the prepared claims.
+
+The claim state calls `WorkloadAttribution.prepared_changed` after every prepare, unprepare and
+the start-up checkpoint load (the checkpoint survives restarts, so the series come back with it).
+A claim that is gone loses its series at once; a new claim gets its consumers from the kubelet's
+PodResources API (pod and container per device) or, where the kubelet does not report it (socket
+absent, older kubelet, container not started yet), from the claim's ``reservedFor`` (pod only).
+`run` re-resolves on every change and on an interval, so a pod's containers replace the pod-only
+series once they run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import anyio
+
+from agent.claims.preparer import ClaimSource
+from agent.core.backend import ClaimRef
+from agent.core.errors import KubeApiError
+from agent.core.inventory import Inventory
+from agent.core.logs import log_fields
+from agent.kubelet.podresources import ContainerDevice, PodResourcesUnavailable
+from agent.observe.allocations import Allocation, AllocationSeries
+
+log = logging.getLogger("agent.kubelet.workloads")
+
+REFRESH_SECONDS = 10.0
+Consumer = tuple[str, str, str]
+"""(namespace, pod, container); container is empty when only the pod is known."""
+
+
+class DeviceLister(Protocol):
+    """The PodResources API (`agent.kubelet.podresources.PodResourcesClient`)."""
+
+    async def list_devices(self) -> Sequence[ContainerDevice]: ...
+
+
+class WorkloadAttribution:
+    """Listener of the claim states of every driver; owns the allocation info series."""
+
+    def __init__(
+        self,
+        series: AllocationSeries,
+        *,
+        node_name: str,
+        inventories: Mapping[str, Inventory],
+        claims: ClaimSource | None,
+        pod_resources: DeviceLister | None,
+        refresh_seconds: float = REFRESH_SECONDS,
+    ) -> None:
+        self.series = series
+        self.node_name = node_name
+        self.inventories = inventories
+        self.claims = claims
+        self.pod_resources = pod_resources
+        self.refresh_seconds = refresh_seconds
+        self._prepared: dict[str, dict[ClaimRef, tuple[str, ...]]] = {}
+        self._consumers: dict[str, dict[str, frozenset[Consumer]]] = {}
+        """Claim UID -> device name ('' for every device of the claim) -> consumers."""
+        self._reserved_for: dict[str, frozenset[Consumer]] = {}
+        self._changed = anyio.Event()
+        self._fallback_logged = False
+
+    def prepared_changed(self, driver: str, prepared: Mapping[ClaimRef, tuple[str, ...]]) -> None:
+        """The driver's prepared claims (claim -> device names) now; called by the claim state."""
+        self._prepared[driver] = dict(prepared)
+        live = {ref.uid for claims in self._prepared.values() for ref in claims}
+        for cache in (self._consumers, self._reserved_for):
+            for uid in set(cache) - live:
+                del cache[uid]
+        self._publish(driver)
+        self._changed.set()
+
+    async def run(self) -> None:
+        """Resolve consumers on every change and every `refresh_seconds` until cancelled."""
+        while True:
+            self._changed = anyio.Event()
+            await self.refresh()
+            with anyio.move_on_after(self.refresh_seconds):
+                await self._changed.wait()
+
+    async def refresh(self) -> None:
+        """Ask PodResources (or the claims) who uses each prepared claim, then update the series."""
+        refs = [ref for claims in self._prepared.values() for ref in claims]
+        if not refs:
+            return
+        reported = await self._from_pod_resources()
+        for ref in refs:
+            found = reported.get((ref.namespace, ref.name))
+            consumers = found or {"": await self._from_reserved_for(ref)}
+            if ref.uid in self._prepared_uids():  # not unprepared while we were reading
+                self._consumers[ref.uid] = consumers
+        for driver in self._prepared:
+            self._publish(driver)
+
+    def _prepared_uids(self) -> set[str]:
+        return {ref.uid for claims in self._prepared.values() for ref in claims}
+
+    async def _from_pod_resources(self) -> dict[tuple[str, str], dict[str, frozenset[Consumer]]]:
+        if self.pod_resources is None:
+            return {}
+        try:
+            devices = await self.pod_resources.list_devices()
+        except PodResourcesUnavailable as error:
+            if not self._fallback_logged:
+                self._fallback_logged = True
+                log.info(
+                    "PodResources unavailable; per-pod metrics name the pod from the claim's reservedFor "
+                    "(no container)",
+                    extra=log_fields(reason=str(error)),
+                )
+            return {}
+        found: dict[tuple[str, str], dict[str, set[Consumer]]] = {}
+        for d in devices:
+            if d.pool and d.pool != self.node_name:
+                continue
+            # Kubelets before 1.31 give no device name: the container then uses every device.
+            per_device = found.setdefault((d.claim_namespace, d.claim), {})
+            per_device.setdefault(d.device, set()).add((d.pod_namespace, d.pod, d.container))
+        return {key: {dev: frozenset(c) for dev, c in value.items()} for key, value in found.items()}
+
+    async def _from_reserved_for(self, ref: ClaimRef) -> frozenset[Consumer]:
+        cached = self._reserved_for.get(ref.uid)
+        if cached is not None:
+            return cached
+        if self.claims is None:
+            return frozenset()
+        try:
+            claim = await self.claims.get_resource_claim(ref.namespace, ref.name)
+        except (KubeApiError, OSError, TimeoutError) as error:
+            log.debug("cannot read claim for its pods", extra=log_fields(uid=ref.uid, error=str(error)))
+            return frozenset()
+        consumers = frozenset(
+            (ref.namespace, str(r.get("name", "")), "")
+            for r in _reserved_for(claim)
+            if r.get("resource") == "pods" and r.get("name")
+        )
+        if ref.uid in self._prepared_uids():  # not unprepared while we were reading
+            self._reserved_for[ref.uid] = consumers
+        return consumers
+
+    def _publish(self, driver: str) -> None:
+        inventory = self.inventories.get(driver)
+        known = {d.name: d for d in inventory.devices()} if inventory is not None else {}
+        allocations: list[Allocation] = []
+        for ref, devices in self._prepared.get(driver, {}).items():
+            consumers = self._consumers.get(ref.uid)
+            if consumers is None:
+                continue  # not resolved yet: `run` is about to
+            for name in devices:
+                users = consumers.get(name) or consumers.get("") or frozenset({(ref.namespace, "", "")})
+                device = known.get(name)
+                for namespace, pod, container in users:
+                    allocations.append(
+                        Allocation(
+                            driver=driver,
+                            pool=self.node_name,
+                            device=name,
+                            uuid=device.uuid if device else "",
+                            pci_bus_id=device.pci_bus_id if device else "",
+                            namespace=namespace,
+                            pod=pod,
+                            container=container,
+                            claim=ref.name,
+                        )
+                    )
+        self.series.replace(driver, allocations)
+
+
+def _reserved_for(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    status = claim.get("status") or {}
+    entries = status.get("reservedFor") or []
+    return [e for e in entries if isinstance(e, Mapping)]

@@ -1,0 +1,441 @@
+"""End-to-end prepare benchmark: the whole agent process as the kubelet sees it, all in one run.
+
+Starts the API emulator (``python -m agent.emulator``) and ``dra-agent run --kube kubeconfig``
+(fake backend, ``nvidia-a100-8x``) as real processes, creates ResourceClaims over HTTP on
+loopback as the scheduler would, and drives the agent's DRA socket with the official grpcio
+client (the kubelet is grpc-go; grpcio is the same C core family). Measured in the same run:
+
+- the empty ``NodePrepareResources`` round trip (no claims: gRPC + event loop only), the
+  reference the prepare targets are ratios of;
+- prepare of a 1-device claim (claim GET, backend, CDI spec on a tmpfs as ``/var/run/cdi`` is,
+  checkpoint on the disk with fsync) p50/p99,
+  unprepare p50/p99;
+- 100 concurrent 1-claim prepares: wall time, errors, and the most TCP connections from the
+  agent to the API server seen at once (sampled from /proc every millisecond);
+- RSS idle (after start-up settled) and after 1,000 prepares and the burst;
+- process start to registration socket, and after ``kill -9`` of the agent, the time from the
+  restart to the answer of the kubelet's next prepare of an already prepared claim.
+
+Run: ``python -m benchmarks.kubelet_e2e_bench`` (``--quick``: 200 prepares instead of 1,000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+from tests.kubelet.grpc_support import GrpcioProtos, generate_grpcio_protos
+
+NODE = "bench-node"
+NAMESPACE = "default"
+DRIVER = "gpu.nvidia.com"
+PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
+CLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+BURST = 100
+# As on a node: the checkpoint on a disk (fsync costs), the CDI root (/var/run/cdi) on a tmpfs.
+CDI_PARENT = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
+
+# Targets of issue 14, as (figure name, limit, unit); ratios are to the empty round trip p50.
+TARGETS = {
+    "prepare p50 / empty p50": 3.0,
+    "prepare p99 / empty p99": 6.0,
+    "unprepare p50 / empty p50": 2.0,
+    "burst wall (ms)": 150.0,
+    "burst errors": 0.0,
+    "burst TCP connections to the API server (max)": 4.0,
+    "RSS idle (MiB)": 60.0,
+    "RSS after prepares + burst (MiB)": 64.0,
+    "start to registration socket (ms)": 400.0,
+    "kill -9, restart to next prepare answered (ms)": 500.0,
+}
+
+
+class Api:
+    """A keep-alive HTTP client of the emulator for the scheduler's part (creating claims)."""
+
+    def __init__(self, url: str) -> None:
+        host, _, port = url.removeprefix("http://").partition(":")
+        self.connection = http.client.HTTPConnection(host, int(port), timeout=10)
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        payload = json.dumps(body).encode() if body is not None else None
+        self.connection.request(method, path, body=payload, headers={"Content-Type": "application/json"})
+        response = self.connection.getresponse()
+        data = json.loads(response.read() or b"{}")
+        if response.status >= 300:
+            raise RuntimeError(f"{method} {path}: {response.status} {data}")
+        return data
+
+    def allocated_claim(self, name: str, device: str) -> dict[str, str]:
+        """Create a claim allocated to `device` of our node; returns the kubelet's claim reference."""
+        spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
+        created = self.call("POST", CLAIMS, {"metadata": {"name": name}, "spec": spec})
+        result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+        created["status"] = {"allocation": {"devices": {"results": [result]}}}
+        self.call("PUT", f"{CLAIMS}/{name}/status", created)
+        return {"namespace": NAMESPACE, "name": name, "uid": created["metadata"]["uid"]}
+
+    def devices(self) -> list[str]:
+        """Our node's published devices (waits until the agent has published)."""
+        while True:
+            data = self.call("GET", "/apis/resource.k8s.io/v1/resourceslices")
+            names = [
+                d["name"]
+                for s in data["items"]
+                if s["spec"]["driver"] == DRIVER
+                for d in s["spec"]["devices"]
+            ]
+            if names:
+                return names
+            time.sleep(0.05)
+
+
+class Kubelet:
+    """The kubelet's side of the DRA socket: grpcio v1 calls."""
+
+    def __init__(self, protos: GrpcioProtos, socket: Path) -> None:
+        self.pb = protos.v1
+        self.channel = grpc.insecure_channel(f"unix://{socket}")
+        serialize: Callable[[Any], bytes] = lambda m: m.SerializeToString()  # noqa: E731
+        self.prepare_call = self.channel.unary_unary(
+            PREPARE,
+            request_serializer=serialize,
+            response_deserializer=self.pb.NodePrepareResourcesResponse.FromString,
+        )
+        self.unprepare_call = self.channel.unary_unary(
+            UNPREPARE,
+            request_serializer=serialize,
+            response_deserializer=self.pb.NodeUnprepareResourcesResponse.FromString,
+        )
+
+    def _claims(self, claims: Sequence[Mapping[str, str]]) -> list[Any]:
+        return [self.pb.Claim(**c) for c in claims]
+
+    def prepare(self, claims: Sequence[Mapping[str, str]], timeout: float = 10.0) -> Any:
+        return self.prepare_call(
+            self.pb.NodePrepareResourcesRequest(claims=self._claims(claims)), timeout=timeout
+        )
+
+    def prepare_future(self, claims: Sequence[Mapping[str, str]]) -> Any:
+        request = self.pb.NodePrepareResourcesRequest(claims=self._claims(claims))
+        return self.prepare_call.future(request, timeout=30)
+
+    def unprepare(self, claims: Sequence[Mapping[str, str]]) -> Any:
+        return self.unprepare_call(
+            self.pb.NodeUnprepareResourcesRequest(claims=self._claims(claims)), timeout=10
+        )
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def rss_mib(pid: int, key: str = "VmRSS") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == key:
+            return int(value.split()[0]) / 1024
+    raise RuntimeError(f"{key} not in /proc/{pid}/status")
+
+
+def api_connections(pid: int, port: int) -> int:
+    """TCP connections of process `pid` to local port `port` (from /proc/<pid>/fd and /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            # state 01 = ESTABLISHED
+            if remote_port == port and fields[3] == "01" and fields[9] in inodes:
+                count += 1
+    return count
+
+
+@contextmanager
+def sampling(read: Callable[[], int]) -> Iterator[list[int]]:
+    """Sample `read()` every millisecond in a thread while the block runs; yields the samples."""
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            with suppress(OSError):
+                samples.append(read())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def timed(call: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    answer = call()
+    return time.perf_counter() - start, answer
+
+
+class AgentProcess:
+    """``dra-agent run`` against the emulator, its sockets under `root`."""
+
+    def __init__(self, root: Path, cdi_root: Path, state_dir: Path, kubeconfig: Path) -> None:
+        self.root = root
+        self.args = [
+            sys.executable, "-m", "agent.cli", "run", "--node-name", NODE,
+            "--kube", "kubeconfig", "--kubeconfig", str(kubeconfig),
+            "--backend", "fake:profile=nvidia-a100-8x,control=off",
+            "--registry-dir", str(root / "registry"), "--plugins-dir", str(root / "plugins"),
+            "--cdi-root", str(cdi_root), "--state-dir", str(state_dir),
+            "--metrics-address", "127.0.0.1:0", "--log-level", "info",
+        ]  # fmt: skip
+        self.registration = root / "registry" / f"{DRIVER}-reg.sock"
+        self.dra_socket = root / "plugins" / DRIVER / "dra.sock"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+
+    def start(self) -> float:
+        """Start the process; seconds until the registration socket exists."""
+        self.registration.unlink(missing_ok=True)
+        self.started_at = start = time.perf_counter()
+        self.proc = subprocess.Popen(
+            self.args, stdout=subprocess.DEVNULL, stderr=self.root.joinpath("agent.log").open("ab")
+        )
+        while not self.registration.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited: see {self.root / 'agent.log'}")
+            time.sleep(0.001)
+        return time.perf_counter() - start
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def get_info(protos: GrpcioProtos, agent: AgentProcess) -> float:
+    """GetInfo on the registration socket, as the kubelet calls it on seeing the socket; when it answered."""
+    with grpc.insecure_channel(f"unix://{agent.registration}") as channel:
+        call = channel.unary_unary(
+            "/pluginregistration.Registration/GetInfo",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=protos.registration.PluginInfo.FromString,
+        )
+        call(protos.registration.InfoRequest(), timeout=5)
+    return time.perf_counter()
+
+
+@contextmanager
+def profiled(output: str, phase: str, pid: int) -> Iterator[None]:
+    """``py-spy record`` (from PATH) of the agent during one phase, into ``OUTPUT.PHASE.txt``."""
+    if not output:
+        yield
+        return
+    target = f"{output}.{phase}.txt"
+    command = ["py-spy", "record", "--pid", str(pid), "--rate", "500", "--format", "raw", "--output", target]
+    recorder = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # py-spy attaches
+    try:
+        yield
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        recorder.wait(timeout=60)
+
+
+def run(prepares: int, settle: float, py_spy: str = "", state_parent: str = "/tmp") -> dict[str, float]:
+    figures: dict[str, float] = {}
+    with ExitStack() as stack:
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-", dir="/tmp")))
+        (root / "pb2").mkdir()
+        protos = generate_grpcio_protos(root / "pb2")
+        kubeconfig = root / "kubeconfig"
+        emulator = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agent.emulator",
+                "--port",
+                "0",
+                "--node",
+                NODE,
+                "--kubeconfig",
+                str(kubeconfig),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        cdi = stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-cdi-", dir=CDI_PARENT))
+        state = stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-state-", dir=state_parent))
+        agent = AgentProcess(root, Path(cdi), Path(state), kubeconfig)
+        try:
+            assert emulator.stdout is not None
+            emulator.stdout.readline()
+            url = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+            port = int(url.rsplit(":", 1)[1])
+            api = Api(url)
+            figures["start to registration socket (ms)"] = agent.start() * 1000
+            figures["start to GetInfo answered (ms)"] = (get_info(protos, agent) - agent.started_at) * 1000
+            devices = api.devices()
+            time.sleep(settle)
+            figures["RSS idle (MiB)"] = rss_mib(agent.pid)
+            kubelet = Kubelet(protos, agent.dra_socket)
+
+            empty = [timed(lambda: kubelet.prepare([]))[0] for _ in range(prepares)]
+            claims = [api.allocated_claim(f"seq-{i}", devices[i % len(devices)]) for i in range(prepares)]
+            prepare, unprepare = [], []
+            with profiled(py_spy, "sequential", agent.pid):
+                for claim in claims:
+                    took, answer = timed(lambda c=claim: kubelet.prepare([c]))  # type: ignore[misc]
+                    assert not answer.claims[claim["uid"]].error, answer
+                    prepare.append(took)
+                    unprepare.append(timed(lambda c=claim: kubelet.unprepare([c]))[0])  # type: ignore[misc]
+            figures["empty round trip p50 (ms)"] = pct(empty, 0.5)
+            figures["empty round trip p99 (ms)"] = pct(empty, 0.99)
+            figures["prepare p50 (ms)"] = pct(prepare, 0.5)
+            figures["prepare p99 (ms)"] = pct(prepare, 0.99)
+            figures["unprepare p50 (ms)"] = pct(unprepare, 0.5)
+            figures["unprepare p99 (ms)"] = pct(unprepare, 0.99)
+            figures["prepare p50 / empty p50"] = (
+                figures["prepare p50 (ms)"] / figures["empty round trip p50 (ms)"]
+            )
+            figures["prepare p99 / empty p99"] = (
+                figures["prepare p99 (ms)"] / figures["empty round trip p99 (ms)"]
+            )
+            figures["unprepare p50 / empty p50"] = (
+                figures["unprepare p50 (ms)"] / figures["empty round trip p50 (ms)"]
+            )
+
+            figures["RSS after the prepares (MiB)"] = rss_mib(agent.pid)
+            for round_ in (1, 2):  # a second burst shows whether memory grows per burst
+                burst = [
+                    api.allocated_claim(f"burst{round_}-{i}", devices[i % len(devices)]) for i in range(BURST)
+                ]
+                with (
+                    profiled(py_spy if round_ == 1 else "", "burst", agent.pid),
+                    sampling(lambda: api_connections(agent.pid, port)) as connections,
+                ):
+                    start = time.perf_counter()
+                    futures = [kubelet.prepare_future([c]) for c in burst]
+                    answers = [f.result() for f in futures]
+                    wall = time.perf_counter() - start
+                errors = sum(1 for a, c in zip(answers, burst, strict=True) if a.claims[c["uid"]].error)
+                kubelet.unprepare(burst)
+                time.sleep(settle)
+                if round_ == 1:
+                    figures["burst wall (ms)"] = wall * 1000
+                    figures["burst errors"] = errors
+                    figures["burst TCP connections to the API server (max)"] = max(connections, default=0)
+                    figures["RSS after prepares + burst (MiB)"] = rss_mib(agent.pid)
+                else:
+                    figures["second burst wall (ms)"] = wall * 1000
+                    figures["RSS after a second burst (MiB)"] = rss_mib(agent.pid)
+            figures["peak RSS (MiB)"] = rss_mib(agent.pid, "VmHWM")
+
+            # kill -9 with a prepared claim; the kubelet retries its prepare until answered.
+            kept = api.allocated_claim("kept", devices[0])
+            assert not kubelet.prepare([kept]).claims[kept["uid"]].error
+            kubelet.close()
+            agent.kill()
+            restarted = time.perf_counter()
+            agent.start()
+            kubelet = Kubelet(protos, agent.dra_socket)
+            while True:
+                try:
+                    answer = kubelet.prepare([kept], timeout=1.0)
+                    break
+                except grpc.RpcError:
+                    time.sleep(0.002)
+            figures["kill -9, restart to next prepare answered (ms)"] = (
+                time.perf_counter() - restarted
+            ) * 1000
+            assert not answer.claims[kept["uid"]].error, answer
+            kubelet.close()
+        finally:
+            agent.stop()
+            emulator.send_signal(signal.SIGINT)
+            emulator.wait(timeout=30)
+    return figures
+
+
+def main(prepares: int, settle: float, py_spy: str, state_parent: str) -> None:
+    figures = run(prepares, settle, py_spy, state_parent)
+    width = max(len(k) for k in figures)
+    print(f"{'measure'.ljust(width)}  {'value':>9}  target")
+    for name, value in figures.items():
+        target = TARGETS.get(name)
+        verdict = "" if target is None else f"<= {target:g}  {'met' if value <= target else 'NOT met'}"
+        print(f"{name.ljust(width)}  {value:9.2f}  {verdict}")
+    print(
+        f"({prepares} sequential prepares + unprepares, {BURST} concurrent 1-claim prepares, grpcio client)"
+    )
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="end-to-end kubelet prepare benchmark")
+    parser.add_argument("--quick", action="store_true", help="200 prepares instead of 1,000")
+    parser.add_argument(
+        "--settle", type=float, default=2.0, help="seconds to let the agent settle before RSS"
+    )
+    parser.add_argument(
+        "--py-spy",
+        default="",
+        metavar="OUT",
+        help="py-spy (on PATH) records the agent: OUT.sequential.txt and OUT.burst.txt (collapsed stacks)",
+    )
+    parser.add_argument(
+        "--state-parent",
+        default="/tmp",
+        help="directory of the checkpoint (a disk, as /var/lib is; /dev/shm leaves the fsyncs out)",
+    )
+    args = parser.parse_args()
+    main(200 if args.quick else 1000, args.settle, args.py_spy, args.state_parent)

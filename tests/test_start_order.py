@@ -1,0 +1,93 @@
+"""Registration first, with the whole agent: a slow API server does not hold back the kubelet sockets.
+
+After a crash the kubelet waits for the plugin's registration socket, then retries its prepares
+(pkg/kubelet/pluginmanager/ watches the registry directory; pkg/kubelet/cm/dra/manager.go retries
+NodePrepareResources). The start-up reconcile reads every checkpointed claim from the API server,
+so the sockets must not wait for those reads: `GetInfo` answers while they are in flight, and a
+prepare of the already prepared claim is answered once they are done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agent.demo import DemoOptions, agent_running, demo_config
+from agent.emulator import KubeApiEmulator
+from agent.kubelet.plugin import socket_paths
+from tests.kubelet.grpc_support import GET_INFO, V1, grpcio_protos, grpcio_unary, short_tmp_dir
+
+NODE = "node-1"
+DRIVER = "gpu.nvidia.com"
+API_LATENCY = 3.0
+"""Each API request's delay in the second start: far longer than serving the sockets takes."""
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    yield from short_tmp_dir()
+
+
+def allocated_claim(emu: KubeApiEmulator, name: str, device: str) -> str:
+    claim = emu.create(
+        "resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}},
+        },
+    )
+    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+    claim["status"] = {"allocation": {"devices": {"results": [result]}}}
+    emu.update("resourceclaims", claim, subresource="status")
+    return str(claim["metadata"]["uid"])
+
+
+async def prepare(dra_socket: Path, name: str, uid: str) -> Any:
+    pb = grpcio_protos().v1
+    request = pb.NodePrepareResourcesRequest(claims=[pb.Claim(namespace="default", name=name, uid=uid)])
+    return await grpcio_unary(
+        dra_socket, V1 + "NodePrepareResources", request, pb.NodePrepareResourcesResponse, seconds=30
+    )
+
+
+async def wait_for(path: Path) -> None:
+    with anyio.fail_after(20):
+        while not await anyio.Path(path).exists():  # noqa: ASYNC110 - a file appearing has no event
+            await anyio.sleep(0.005)
+
+
+async def test_sockets_serve_while_the_start_up_reconcile_waits_for_the_api(root: Path) -> None:
+    protos = grpcio_protos()
+    async with KubeApiEmulator(version="1.34") as emu:
+        emu.add_node(NODE)
+        config = demo_config(root, emu.write_kubeconfig(root / "kubeconfig"), DemoOptions())
+        config = replace(config, node_name=NODE)
+        dra_socket, registration = socket_paths(DRIVER, config.plugins_dir, config.registry_dir)
+
+        # First run: the claim gets prepared and checkpointed.
+        uid = allocated_claim(emu, "train", "gpu-0")
+        async with agent_running(config):
+            await wait_for(registration)
+            assert (await prepare(dra_socket, "train", uid)).claims[uid].error == ""
+
+        # Restart with a slow API server: the reconcile's read of the claim takes API_LATENCY.
+        async with agent_running(config) as parts:
+            emu.faults.latency = API_LATENCY
+            await wait_for(registration)
+            info = await grpcio_unary(
+                registration, GET_INFO, protos.registration.InfoRequest(), protos.registration.PluginInfo
+            )
+            assert info.endpoint == str(dra_socket)
+            # Served before the claim state is ready: the reconcile is still waiting for the API.
+            assert not parts.plugins[DRIVER].dra.preparer_ready()
+            emu.faults.latency = 0.0
+            answer = await prepare(dra_socket, "train", uid)
+            assert answer.claims[uid].error == ""
+            assert [d.device_name for d in answer.claims[uid].devices] == ["gpu-0"]
