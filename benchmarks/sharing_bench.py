@@ -24,9 +24,9 @@ from typing import Any
 import anyio
 
 from agent.claims.state import DeviceState
-from agent.core.backend import BackendOptions, ClaimRef
+from agent.core.backend import BackendOptions
 from backends.fake import create_backend
-from benchmarks.prepare_bench import CDI_PARENT, MemoryClaims
+from benchmarks.prepare_bench import CDI_PARENT, MemoryClaims, ms, ref
 
 NODE = "bench-node"
 DRIVER = "gpu.nvidia.com"
@@ -59,16 +59,6 @@ def make_claim(
         "spec": {"devices": {"requests": [{"name": "gpu"}]}},
         "status": {"allocation": allocation},
     }
-
-
-def ref(obj: Mapping[str, Any]) -> ClaimRef:
-    meta = obj["metadata"]
-    return ClaimRef(meta["namespace"], meta["name"], meta["uid"])
-
-
-def ms(samples: list[float], q: float) -> str:
-    ordered = sorted(samples)
-    return f"{ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000:.2f} ms"
 
 
 async def run(iterations: int) -> list[tuple[str, str, str]]:
