@@ -108,7 +108,7 @@ class OpaqueConfig:
 def select_config(configs: Sequence[OpaqueConfig], requests: Sequence[str]) -> OpaqueConfig | None:
     """The config of a device serving `requests`: the last entry that applies to one of them."""
     for config in reversed(configs):
-        if any(config.applies_to(r) for r in requests) or not requests:
+        if not requests or any(config.applies_to(r) for r in requests):
             return config
     return None
 
