@@ -100,12 +100,14 @@ async def run(iterations: int) -> list[tuple[str, str, str]]:
             ("time-slicing share (interval already set)", "gpu-2", True, TIME_SLICING),
             ("MPS memory share (daemon running)", "gpu-3", True, MPS),
         ]
+        holders = []
         for name, device, shared, config in cases:
             if shared:  # a first share holds the device (and its interval or daemon) throughout
                 index += 1
                 holder = make_claim(index, device, shared=True, config=config)
                 await claims.add(holder)
                 await state.prepare([ref(holder)])
+                holders.append(ref(holder))
             samples = []
             for _ in range(iterations):
                 index += 1
@@ -113,6 +115,7 @@ async def run(iterations: int) -> list[tuple[str, str, str]]:
                     (await prepare_unprepare(make_claim(index, device, shared=shared, config=config)))[0]
                 )
             rows.append((name, ms(samples, 0.5), ms(samples, 0.99)))
+        await state.unprepare(holders)  # stops the daemon of the MPS case
         starts, stops = [], []
         for _ in range(max(5, iterations // 10)):
             index += 1

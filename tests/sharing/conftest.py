@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.sharing.helpers import daemon_pid, kill_quietly
+from tests.sharing.helpers import daemons_of, kill_quietly
 
 
 @pytest.fixture(autouse=True)
 def no_leftover_daemons(tmp_path: Path) -> Iterator[None]:
     yield
-    mps = tmp_path / "state" / "fake-sharing"
-    for record in mps.rglob("daemon.json") if mps.exists() else []:
-        kill_quietly(daemon_pid(tmp_path, record.parent.name))
+    for pid in daemons_of(tmp_path):
+        kill_quietly(pid)

@@ -158,3 +158,19 @@ def spec_env(root: Path, claim_uid: str, driver: str = NVIDIA) -> list[str]:
     for device in spec["devices"]:
         env += device["containerEdits"].get("env", [])
     return env
+
+
+def daemons_of(root: Path) -> list[int]:
+    """Live stand-in MPS daemons started under `root` (found by their pipe directory), leaked or not."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"backends.fake.mpsdaemon" in cmdline and str(root).encode() in environ and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found

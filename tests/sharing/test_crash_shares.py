@@ -25,6 +25,7 @@ from tests.sharing.helpers import (
     TIME_SLICING,
     claim,
     daemon_pid,
+    daemons_of,
     intervals,
     kill_quietly,
     share,
@@ -45,22 +46,6 @@ def harness(
         args += ["--crash-at", crash_at.value]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, check=False)
-
-
-def daemons_of(root: Path) -> list[int]:
-    """Live stand-in MPS daemons started for `root` (found by their pipe directory), leaked or not."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if b"backends.fake.mpsdaemon" in cmdline and str(root).encode() in environ:
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture
