@@ -52,7 +52,7 @@ from agent.core.sharing import ConsumableShares, DeviceShare, merge_edits
 from backends.amd.sharingconfig import check_shares
 from backends.fake import devicefile
 from backends.fake.dynamicmig import FakeDynamicMig
-from backends.fake.sharing import FakeMpsProgram, FakeTimeSlicer
+from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
 from backends.nvidia.mps import MpsDaemons
 from backends.nvidia.sharing import DeviceFacts, NvSharingManager, facts_of
 
@@ -142,7 +142,7 @@ class FakeBackend:
         """NVIDIA profiles: time-slicing and MPS through the fakes of `backends.fake.sharing`."""
         if vendor == "nvidia" and sharing_root is not None:
             self.sharing = NvSharingManager(
-                self._facts, FakeTimeSlicer(sharing_root), MpsDaemons(sharing_root / "mps", FakeMpsProgram())
+                self._facts, FakeGpuPolicy(sharing_root), MpsDaemons(sharing_root / "mps", FakeMpsProgram())
             )
         self._device_files = device_files
         self._devices = {d.name: d for d in devices}

@@ -39,7 +39,7 @@ from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState, XidPo
 from backends.nvidia.migjournal import MigJournal
 from backends.nvidia.mps import ControlProgram, MpsDaemons, MpsProgram
 from backends.nvidia.nvml import Nvml, load_pynvml
-from backends.nvidia.sharing import DeviceFacts, NvSharingManager, SmiTimeSlicer, TimeSlicer, facts_of
+from backends.nvidia.sharing import DeviceFacts, GpuPolicy, NvSharingManager, SmiGpuPolicy, facts_of
 from backends.nvidia.telemetry import read_telemetry_sync
 from backends.nvidia.toolkitspec import ToolkitDevices, ToolkitSpecReader
 
@@ -103,7 +103,7 @@ class NvidiaBackend:
         sysfs_root: Path = Path("/sys"),
         proc_root: Path = Path("/proc"),
         dev_root: Path | None = None,
-        timeslicer: TimeSlicer | None = None,
+        policy: GpuPolicy | None = None,
         mps_program: MpsProgram | None = None,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
         make_node: NodeMaker = mknod,
@@ -163,7 +163,7 @@ class NvidiaBackend:
         state = (options.state_dir or Path("/var/lib/dra-agent")) / STATE_SUBDIR / self._driver
         self._sharing = NvSharingManager(
             self._facts,
-            timeslicer or SmiTimeSlicer(),
+            policy or SmiGpuPolicy(),
             MpsDaemons(state, mps_program or ControlProgram()),
         )
 

@@ -47,6 +47,8 @@ from backends.nvidia.sharingconfig import (
 
 log = logging.getLogger("agent.nvidia.sharing")
 
+DEFAULT_MODE = "DEFAULT"
+MPS_MODE = "EXCLUSIVE_PROCESS"
 MPS_MIN_COMPUTE_CAPABILITY = (7, 0)
 """Volta: the first architecture whose MPS takes thread and memory limits."""
 
@@ -71,13 +73,17 @@ def facts_of(attributes: Mapping[str, AttributeValue], uuid: str) -> DeviceFacts
     return DeviceFacts(uuid=uuid, mig=attributes.get("type") == "mig", compute_capability=parsed)
 
 
-class TimeSlicer(Protocol):
-    """Sets a GPU's time-slice interval (``INTERVALS`` value; 0 is the default)."""
+class GpuPolicy(Protocol):
+    """Sets a GPU's time-slice interval (``INTERVALS`` value; 0 is the default) and compute mode."""
 
     async def set_interval(self, uuid: str, interval: int) -> None: ...
 
+    async def set_compute_mode(self, uuid: str, mode: str) -> None:
+        """``DEFAULT`` or ``EXCLUSIVE_PROCESS`` (MPS: only the daemon opens contexts on the GPU)."""
+        ...
 
-class SmiTimeSlicer:
+
+class SmiGpuPolicy:
     """Through the ``nvidia-smi`` the driver ships (NVML has no call for the interval)."""
 
     def __init__(self, path: str = "nvidia-smi") -> None:
@@ -98,8 +104,11 @@ class SmiTimeSlicer:
             )
 
     async def set_interval(self, uuid: str, interval: int) -> None:
-        await self._run("-i", uuid, "-c", "DEFAULT")
+        await self.set_compute_mode(uuid, DEFAULT_MODE)
         await self._run("compute-policy", "-i", uuid, f"--set-timeslice={interval}")
+
+    async def set_compute_mode(self, uuid: str, mode: str) -> None:
+        await self._run("-i", uuid, "-c", mode)
 
 
 class NvSharingManager:
@@ -108,12 +117,12 @@ class NvSharingManager:
     def __init__(
         self,
         facts: Callable[[str], DeviceFacts],
-        timeslicer: TimeSlicer,
+        policy: GpuPolicy,
         daemons: MpsDaemons,
         parse: Callable[[DeviceShare], NvSharing] | None = None,
     ) -> None:
         self._facts = facts
-        self.timeslicer = timeslicer
+        self.policy = policy
         self.daemons = daemons
         self._parse = parse or sharing_of
 
@@ -127,10 +136,10 @@ class NvSharingManager:
             if not _compatible(mine, other):
                 raise share_conflict(share, peer, mine.describe(), other.describe())
         if mine.strategy == TIME_SLICING and not any(o.strategy == TIME_SLICING for _, o in theirs):
-            await self.timeslicer.set_interval(facts.uuid, INTERVALS[mine.interval])
+            await self.policy.set_interval(facts.uuid, INTERVALS[mine.interval])
             log.info("time-slicing set", extra=log_fields(device=share.device, interval=mine.interval))
         if mine.strategy == MPS:
-            await self.daemons.ensure(share.device, facts.uuid, mine.mps)
+            await self._start_mps(share.device, facts, mine)
             memory = share.consumed.get(MEMORY)
             return self.daemons.edits(share.device, facts.uuid, memory)
         return ContainerEdits()
@@ -142,17 +151,19 @@ class NvSharingManager:
         if mine is None:
             return
         if mine.strategy == TIME_SLICING and not any(o.strategy == TIME_SLICING for o in remaining):
-            try:
-                uuid = self._facts(share.device).uuid
-            except DeviceNotFoundError:
+            facts = self._facts_or_none(share.device)
+            if facts is None:
                 log.info(
                     "time-sliced device is gone; nothing to restore", extra=log_fields(device=share.device)
                 )
             else:
-                await self.timeslicer.set_interval(uuid, INTERVALS["Default"])
+                await self.policy.set_interval(facts.uuid, INTERVALS["Default"])
                 log.info("time-slicing restored to the default", extra=log_fields(device=share.device))
         if mine.strategy == MPS and not any(o.strategy == MPS for o in remaining):
             await self.daemons.stop(share.device)
+            facts = self._facts_or_none(share.device)
+            if facts is not None and not facts.mig:
+                await self.policy.set_compute_mode(facts.uuid, DEFAULT_MODE)
 
     async def resume(self, shares: Sequence[DeviceShare]) -> None:
         """After a restart: re-adopt (or restart) needed daemons, stop the rest, re-apply intervals."""
@@ -165,14 +176,32 @@ class NvSharingManager:
         for device, sharing in needed.items():
             uuid = self._facts(device).uuid
             if sharing.strategy == MPS:
-                if await self.daemons.ensure(device, uuid, sharing.mps):
+                if await self._start_mps(device, self._facts(device), sharing):
                     log.warning(
                         "restarted the MPS daemon of a shared device", extra=log_fields(device=device)
                     )
                 else:
                     log.info("re-adopted the MPS daemon of a shared device", extra=log_fields(device=device))
             else:
-                await self.timeslicer.set_interval(uuid, INTERVALS[sharing.interval])
+                await self.policy.set_interval(uuid, INTERVALS[sharing.interval])
+
+    async def _start_mps(self, device: str, facts: DeviceFacts, sharing: NvSharing) -> bool:
+        """Compute mode EXCLUSIVE_PROCESS on a whole GPU (as NVIDIA's driver sets it), then the daemon."""
+        if not facts.mig:  # a MIG device's mode is its parent GPU's, which other devices share
+            await self.policy.set_compute_mode(facts.uuid, MPS_MODE)
+        try:
+            return await self.daemons.ensure(device, facts.uuid, sharing.mps)
+        except BaseException:
+            if not facts.mig:
+                with anyio.CancelScope(shield=True):
+                    await self.policy.set_compute_mode(facts.uuid, DEFAULT_MODE)
+            raise
+
+    def _facts_or_none(self, device: str) -> DeviceFacts | None:
+        try:
+            return self._facts(device)
+        except DeviceNotFoundError:
+            return None
 
     def _parse_or_none(self, share: DeviceShare) -> NvSharing | None:
         try:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from agent.core.backend import BackendOptions, ClaimRef
 from agent.core.sharing import DeviceShare, OpaqueConfig
-from backends.fake.sharing import FakeMpsProgram, FakeTimeSlicer
+from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
 from backends.nvidia import NvidiaBackend
 from tests.fakes.fake_pynvml import FakeNvml, h100
 from tests.nvidia.conftest import build_sysfs
@@ -31,7 +31,7 @@ def backend(tmp_path: Path) -> NvidiaBackend:
         sysfs_root=build_sysfs(tmp_path / "sys"),
         proc_root=tmp_path / "proc",
         dev_root=tmp_path / "dev",
-        timeslicer=FakeTimeSlicer(tmp_path / "ts"),
+        policy=FakeGpuPolicy(tmp_path / "ts"),
         mps_program=FakeMpsProgram(),
     )
 
@@ -48,13 +48,15 @@ async def test_shareable_devices_mps_and_time_slicing(tmp_path: Path) -> None:
         assert edits.env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
         daemon_dir = tmp_path / "state" / "mps" / "gpu.nvidia.com" / "gpu-0"
         assert (daemon_dir / "daemon.json").exists()
+        slicer = FakeGpuPolicy(tmp_path / "ts")
+        assert list(slicer.modes().values()) == ["EXCLUSIVE_PROCESS"]  # as NVIDIA's driver sets it for MPS
         await nv.unprepare_share(share, [])
         assert not daemon_dir.exists()
+        assert list(slicer.modes().values()) == ["DEFAULT"]
 
         timesliced = OpaqueConfig("gpu.nvidia.com", {**CONFIG, "sharing": {"strategy": "TimeSlicing"}})
         ts_share = DeviceShare("gpu-0", ClaimRef("default", "b", "uid-b"), config=timesliced)
         await nv.prepare_share(ts_share, [])
-        slicer = FakeTimeSlicer(tmp_path / "ts")
         assert list(slicer.intervals().values()) == [0]  # Default interval, set through the seam
         await nv.unprepare_share(ts_share, [])
     finally:

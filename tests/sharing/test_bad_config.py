@@ -14,7 +14,7 @@ import pytest
 
 from agent.core.backend import ClaimRef
 from agent.core.sharing import DeviceConfigError, DeviceShare, OpaqueConfig
-from backends.fake.sharing import FakeMpsProgram, FakeTimeSlicer
+from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
 from backends.nvidia.mps import MpsDaemons
 from backends.nvidia.sharing import DeviceFacts, NvSharingManager
 from tests.kubelet.fakes import FakeClaimSource
@@ -129,7 +129,7 @@ async def test_negative_consumed_capacity_is_refused(tmp_path: Path) -> None:
 async def test_mps_on_a_gpu_that_cannot(tmp_path: Path) -> None:
     manager = NvSharingManager(
         lambda name: DeviceFacts(uuid="GPU-old", compute_capability=(6, 1)),
-        FakeTimeSlicer(tmp_path),
+        FakeGpuPolicy(tmp_path),
         MpsDaemons(tmp_path / "mps", FakeMpsProgram()),
     )
     share = DeviceShare(

@@ -16,7 +16,7 @@ from agent.core.errors import BackendError
 from agent.core.quantity import Quantity
 from agent.core.sharing import OpaqueConfig, select_config
 from backends.nvidia.mps import ControlProgram
-from backends.nvidia.sharing import SmiTimeSlicer
+from backends.nvidia.sharing import SmiGpuPolicy
 from backends.nvidia.sharingconfig import MpsSettings
 
 
@@ -30,7 +30,7 @@ def logging_program(tmp_path: Path, name: str, exit_code: int = 0) -> tuple[Path
 
 async def test_time_slice_commands(tmp_path: Path) -> None:
     program, log = logging_program(tmp_path, "nvidia-smi")
-    await SmiTimeSlicer(str(program)).set_interval("GPU-1", 3)
+    await SmiGpuPolicy(str(program)).set_interval("GPU-1", 3)
     assert log.read_text().splitlines() == [
         "args: -i GPU-1 -c DEFAULT",
         "args: compute-policy -i GPU-1 --set-timeslice=3",
@@ -40,9 +40,9 @@ async def test_time_slice_commands(tmp_path: Path) -> None:
 async def test_failing_nvidia_smi_says_what_failed(tmp_path: Path) -> None:
     program, _ = logging_program(tmp_path, "nvidia-smi", exit_code=3)
     with pytest.raises(BackendError, match=r"nvidia-smi -i GPU-1 -c DEFAULT failed \(3\)"):
-        await SmiTimeSlicer(str(program)).set_interval("GPU-1", 1)
+        await SmiGpuPolicy(str(program)).set_interval("GPU-1", 1)
     with pytest.raises(BackendError, match="time-slicing needs the driver's nvidia-smi"):
-        await SmiTimeSlicer(str(tmp_path / "missing")).set_interval("GPU-1", 1)
+        await SmiGpuPolicy(str(tmp_path / "missing")).set_interval("GPU-1", 1)
 
 
 async def test_mps_control_commands(tmp_path: Path) -> None:
