@@ -71,6 +71,7 @@ class AgentConfig:
     resync_seconds: float = 300.0
     telemetry_interval_seconds: float = 10.0
     serve_kubelet: bool = True
+    print_for: str = "1.36"
 
 
 def parse_backend_spec(text: str) -> BackendSpec:
@@ -104,6 +105,9 @@ def _node_name(text: str) -> str:
     if not is_dns_subdomain(text):
         raise ConfigError("--node-name", text, "a Kubernetes node name (DNS subdomain, lower case)")
     return text
+
+
+PRINT_FOR_VERSIONS = ("1.34", "1.35", "1.36")
 
 
 def _choice(flag: str, choices: tuple[str, ...]) -> Callable[[str], str]:
@@ -274,6 +278,13 @@ OPTIONS: tuple[Option, ...] = (
         "DRA_AGENT_SERVE_KUBELET",
         _bool("--serve-kubelet"),
         "serve the kubelet registration and DRA sockets",
+    ),
+    Option(
+        "print_for",
+        "--print-for",
+        "DRA_AGENT_PRINT_FOR",
+        _choice("--print-for", PRINT_FOR_VERSIONS),
+        "with --kube none: print the slices as published to this Kubernetes release (1.34, 1.35, 1.36)",
     ),
 )
 

@@ -27,8 +27,9 @@ from agent.core.errors import KubeApiError
 from agent.core.exclusion import ExcludingBackend
 from agent.core.logs import log_fields
 from agent.core.model import HealthCondition, Severity
-from agent.health.taints import EFFECT_NONE, ClusterTaintSupport, TaintPolicy
-from agent.kube.client import KubeClient
+from agent.health.taints import EFFECT_NONE, TaintPolicy
+from agent.kube.capabilities import guess
+from agent.kube.client import KubeClient, ServerInfo
 from agent.kube.events import EventRecorder
 from agent.kube.pool import build_pool
 from agent.kube.published import published_taints
@@ -269,7 +270,10 @@ class AgentParts:
                 tg.start_soon(self._print_pool, runtime)
 
     async def _print_pool(self, runtime: DriverRuntime) -> None:
-        support = ClusterTaintSupport(max_taints_per_device=16, none_effect=True)
+        minor = int(self.config.print_for.split(".")[1])
+        # What the publisher assumes of that release until its probe has run.
+        capabilities = guess(ServerInfo(1, minor, f"v{self.config.print_for}.0", "v1", None))
+        support = capabilities.taint_support
         version = -1
         while True:
             version = await runtime.inventory.wait_changed(version)
@@ -282,6 +286,8 @@ class AgentParts:
                 devices=devices,
                 taints=self.policy.taint_map(devices, support),
                 support=support,
+                max_devices=capabilities.max_devices_per_slice,
+                minor=minor,
             )
             document = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": slices}, sort_keys=False)
             self.out.write("---\n" + document)

@@ -145,9 +145,12 @@ def test_eight_gpus_of_each_model_split_within_the_limits(table: Mapping[int, An
     assert all(len(o["spec"].get("devices", [])) <= 64 for o in newest)
 
 
-def test_cli_kube_none_prints_a_valid_136_pool(tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", ["1.34", "1.35", "1.36"])
+def test_cli_kube_none_prints_a_valid_pool_for_each_release(tmp_path: Path, release: str) -> None:
+    """``--print-for`` prints the pool as the publisher would write it to that release."""
     args = [
         sys.executable, "-m", "agent.cli", "run", "--kube", "none", "--node-name", "node-1",
+        "--print-for", release,
         "--backend", "fake:profile=nvidia-a100-8x,dynamic-mig=true,control=off",
         "--serve-kubelet", "false", "--state-dir", str(tmp_path / "state"),
         "--metrics-address", "127.0.0.1:0",
@@ -165,8 +168,7 @@ def test_cli_kube_none_prints_a_valid_136_pool(tmp_path: Path) -> None:
     log.seek(0)
     assert proc.returncode == 0, log.read()
     items = next(iter(yaml.safe_load_all(rest)))["items"]
-    for release in ("1.35", "1.36"):
-        assert validate(items, release) == []
+    assert validate(items, release) == []
     assert "sharedCounters" in items[0]["spec"]
 
 
