@@ -16,6 +16,7 @@ import enum
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -241,13 +242,58 @@ def remove_temp_files(state_dir: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-def _write_file(path: Path, data: bytes, durable: bool) -> None:
+FileIdentity = tuple[int, int, int, int, int]
+"""Device, inode, size, mtime and ctime (ns) of a file: equal means not replaced nor rewritten."""
+
+
+def _identity(st: os.stat_result) -> FileIdentity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _write_file(
+    path: Path, data: bytes, durable: bool, unpin: int | None
+) -> tuple[int | None, FileIdentity | None]:
+    """Write `path` and open it again: the descriptor returned pins the inode (see `CheckpointStore`)."""
+    if unpin is not None:
+        os.close(unpin)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, data, mode=0o600, durable=durable)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None, None  # written all the same; the next call under the file lock reads it back
+    return fd, _identity(os.fstat(fd))
+
+
+def _read_file(
+    path: Path, now: float, unpin: int | None
+) -> tuple[LoadOutcome, int | None, FileIdentity | None]:
+    """`load_checkpoint`, pinning the file read when it did not change while read (see `_write_file`)."""
+    if unpin is not None:
+        os.close(unpin)
+    try:
+        fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    outcome = load_checkpoint(path, now)
+    if fd is not None:
+        try:
+            read = _identity(os.fstat(fd))
+            if outcome.data is not None and _identity(os.stat(path)) == read:
+                return outcome, fd, read
+        except OSError:
+            pass
+        os.close(fd)
+    return outcome, None, None
 
 
 class CheckpointStore:
-    """The entries in memory plus their durable copy; every change is on disk when its call returns."""
+    """The entries in memory plus their durable copy; every change is on disk when its call returns.
+
+    The store keeps the file it wrote last open: while open, its inode number cannot be given to
+    another file, so a file at `path` with that inode, size and times is the one written last
+    (`is_current`), and an agent that shares the file (rolling update) need not read it again.
+    """
 
     def __init__(self, path: Path, boot_id: str) -> None:
         self.path = path
@@ -257,10 +303,47 @@ class CheckpointStore:
         self._changes = 0
         self._written = 0
         self._synced = 0
+        self._pinned: int | None = None
+        self._identity: FileIdentity | None = None
 
     def load(self, entries: Mapping[str, ClaimEntry]) -> None:
-        """Replace the in-memory entries (at start, before any write)."""
+        """Replace the in-memory entries (at start, or after reading the file another agent wrote)."""
         self._entries = dict(entries)
+        self._identity = None
+
+    def is_current(self) -> bool:
+        """Whether the file is still the one this store wrote last, i.e. the entries in memory.
+
+        A ``stat`` of a file just written, answered from the kernel's inode cache: cheaper than
+        the worker-thread hop that reading and verifying the whole file would take.
+        """
+        if self._identity is None:
+            return False
+        try:
+            return _identity(os.stat(self.path)) == self._identity
+        except OSError:
+            return False
+
+    async def reload(self, now: float) -> LoadOutcome:
+        """Read the file another agent may have written: its entries replace memory unless unusable.
+
+        A corrupt file is moved aside (`load_checkpoint`) and memory kept: the caller decides.
+        """
+        unpin, self._pinned, self._identity = self._pinned, None, None
+        outcome, pinned, identity = await anyio.to_thread.run_sync(_read_file, self.path, now, unpin)
+        if outcome.problem is None:
+            self._entries = dict(outcome.data.entries) if outcome.data is not None else {}
+            self._pinned, self._identity = pinned, identity
+        elif pinned is not None:
+            os.close(pinned)
+        return outcome
+
+    def close(self) -> None:
+        """Let go of the file written last."""
+        if self._pinned is not None:
+            os.close(self._pinned)
+            self._pinned = None
+        self._identity = None
 
     def get(self, uid: str) -> ClaimEntry | None:
         """The entry of a claim."""
@@ -308,7 +391,10 @@ class CheckpointStore:
                     return
                 covered = self._changes
                 data = encode(CheckpointData(self.boot_id, dict(self._entries)))
-                await anyio.to_thread.run_sync(_write_file, self.path, data, durable)
+                unpin, self._pinned, self._identity = self._pinned, None, None
+                self._pinned, self._identity = await anyio.to_thread.run_sync(
+                    _write_file, self.path, data, durable, unpin
+                )
                 self._written = covered
                 if durable:
                     self._synced = covered

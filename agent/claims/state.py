@@ -621,7 +621,8 @@ class DeviceState:
         """The cross-process file lock (rolling updates), when configured.
 
         Two agent pods share the checkpoint during a rolling update, so whoever takes the lock
-        first reloads the entries the other one may have written since.
+        first reloads the entries the other one may have written since (unless the file is still
+        the one this process wrote last).
         """
         if self._file_lock is None:
             yield
@@ -632,7 +633,9 @@ class DeviceState:
             yield
 
     async def _reload_checkpoint(self) -> None:
-        outcome = await anyio.to_thread.run_sync(load_checkpoint, self.store.path, self.clock.time())
+        if self.store.is_current():
+            return  # nobody wrote since we last wrote or read it: memory holds what the file holds
+        outcome = await self.store.reload(self.clock.time())
         if outcome.problem is not None:
             # Keep the entries in memory: they are the best record left; the next write restores the file.
             await self._report_recovery(
@@ -642,8 +645,6 @@ class DeviceState:
                 await self.store.flush()
             except CheckpointWriteError as error:
                 log.error("cannot rewrite the checkpoint", extra=log_fields(error=str(error)))
-            return
-        self.store.load(outcome.data.entries if outcome.data is not None else {})
 
     @asynccontextmanager
     async def _claim_lock(self, uid: str) -> AsyncIterator[None]:

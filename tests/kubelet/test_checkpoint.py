@@ -267,3 +267,89 @@ def test_corrupt_file_that_cannot_be_moved_is_still_reported(
     assert outcome.problem is not None
     assert outcome.moved_to is None
     assert outcome.data is None
+
+
+async def test_every_waiter_of_a_group_commit_returns_once_its_change_is_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    synced: list[set[str]] = []
+    real = agent.claims.atomicfile.write_atomic
+
+    def recording(target: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
+        real(target, data, mode=mode, durable=durable)
+        synced.append(set(decode(data).entries))
+
+    monkeypatch.setattr("agent.claims.checkpoint.write_atomic", recording)
+    store = CheckpointStore(path, "boot-1")
+
+    async def put(uid: str) -> None:
+        await store.put(ClaimEntry(uid, "ns", uid, ClaimPhase.STARTED))
+        # Returned: some durable write that completed already holds this change.
+        assert any(uid in written for written in synced)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(20):
+            tg.start_soon(put, f"u{i}")
+    assert len(synced) < 20
+    assert any(len(b - a) > 1 for a, b in zip([set(), *synced], synced, strict=False))  # coalesced
+
+
+async def test_fsync_failure_reaches_every_waiter_of_a_group_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.put(ENTRY)
+    before = path.read_bytes()
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    failures: list[str] = []
+
+    async def put(uid: str) -> None:
+        try:
+            await store.put(ClaimEntry(uid, "ns", uid, ClaimPhase.STARTED))
+        except CheckpointWriteError as error:
+            failures.append(str(error))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(10):
+            tg.start_soon(put, f"u{i}")
+    assert len(failures) == 10
+    assert all("Input/output error" in f for f in failures)
+    assert store.entries() == {"u1": ENTRY}  # every change reverted
+    assert path.read_bytes() == before
+    assert listing(tmp_path) == ["checkpoint.json"]
+
+
+async def test_is_current_until_another_writer_replaces_or_edits_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    assert not store.is_current()  # nothing written yet
+    await store.put(ENTRY)
+    assert store.is_current()
+    # Another agent (rolling update) replaces the file with content of the same size.
+    other = CheckpointStore(path, "boot-1")
+    await other.put(ClaimEntry("u1", "default", "c2", ENTRY.phase, ENTRY.devices))
+    assert path.stat().st_size == len(encode(CheckpointData("boot-1", {"u1": ENTRY})))
+    assert not store.is_current()
+    assert other.is_current()
+    # Edited in place (same inode): the size or times differ.
+    with path.open("ab") as f:
+        f.write(b" ")
+    assert not other.is_current()
+    # Reading the file (another writer's content) forgets what was written last.
+    await store.put(ENTRY)
+    store.load({"u1": ENTRY})
+    assert not store.is_current()
+    path.unlink()
+    await other.flush()
+    assert other.is_current()
+    path.unlink()
+    assert not other.is_current()
+    store.close()
+    other.close()
+    assert not other.is_current()

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import agent.claims.atomicfile
+import agent.claims.checkpoint
 from agent.claims.checkpoint import CheckpointWriteError, ClaimPhase, decode
 from agent.claims.filelock import FileLock
 from agent.claims.preparer import ClaimPreparer, PreparedDevice, PrepareResult
@@ -582,3 +583,37 @@ async def test_steps_are_reported_in_order(tmp_path: Path) -> None:
     await state.unprepare([ref_of(claim)])
     assert [s for s, _ in seen] == [s.value for s in Step]
     assert {u for _, u in seen} == {UID}
+
+
+async def test_file_lock_rereads_the_checkpoint_only_after_another_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache of `DeviceState._serialized`: memory is trusted while the file is our last write."""
+    c1, c2 = make_claim(UID), make_claim("u2", devices=("gpu-1",))
+    source = FakeClaimSource([c1, c2])
+    lock = tmp_path / "serialize.lock"
+    reads: list[Path] = []
+    real_load = agent.claims.checkpoint.load_checkpoint
+
+    def counting(path: Path, now: float | None = None) -> Any:
+        reads.append(path)
+        return real_load(path, now)
+
+    monkeypatch.setattr(agent.claims.checkpoint, "load_checkpoint", counting)
+    old, _ = build(tmp_path, source, lock_path=lock)
+    await old.start()
+    assert (await old.prepare([ref_of(c1)]))[UID].error == ""
+    assert await old.unprepare([ref_of(c1)]) == {UID: ""}
+    assert (await old.prepare([ref_of(c1)]))[UID].error == ""
+    assert (await old.prepare([ref_of(c1)]))[UID].error == ""  # answered from memory: no write
+    assert reads == []  # the start reads with its own call, then every call trusts memory
+    new, _ = build(tmp_path, source, lock_path=lock)
+    await new.start()
+    assert (await new.prepare([ref_of(c2)]))["u2"].error == ""
+    reads.clear()
+    # The old pod sees the new pod's write and keeps its entry.
+    assert (await old.prepare([ref_of(c1)]))[UID].error == ""
+    assert len(reads) == 1
+    assert await old.unprepare([ref_of(c1)]) == {UID: ""}
+    assert len(reads) == 1
+    assert set(checkpoint(tmp_path)) == {"u2"}
