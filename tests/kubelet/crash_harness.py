@@ -66,7 +66,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.crash_in_group_write:
         import agent.claims.checkpoint
 
-        setattr(agent.claims.checkpoint, "write_atomic", CrashInGroupWrite(args.crash_in_group_write))
+        vars(agent.claims.checkpoint)["write_atomic"] = CrashInGroupWrite(args.crash_in_group_write)
     root = Path(args.root)
     claims = json.loads((root / "claims.json").read_text())
     state = DeviceState(
