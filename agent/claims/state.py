@@ -45,7 +45,7 @@ from agent.core.backend import Backend, ClaimRef, ContainerEdits
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ClaimRequestError, DeviceNotFoundError, KubeApiError
 from agent.core.logs import log_fields
-from agent.observe.metrics import Metrics
+from agent.observe.metrics import Children, Metrics
 
 log = logging.getLogger("agent.claims.state")
 
@@ -85,6 +85,10 @@ class PreparedListener(Protocol):
     """Told the prepared claims (claim -> device names) after prepare, unprepare and the start-up load."""
 
     def prepared_changed(self, driver: str, prepared: Mapping[ClaimRef, tuple[str, ...]]) -> None: ...
+
+    def claims_read(self, claims: Mapping[ClaimRef, Mapping[str, Any]]) -> None:
+        """The API objects of the claims a prepare just prepared, told right before `prepared_changed`."""
+        ...
 
 
 class _ClaimFailure(Exception):
@@ -142,6 +146,7 @@ class DeviceState:
         self.cdi = CdiSpecWriter(cdi_root, driver)
         self.state_dir = state_dir
         self.metrics = metrics
+        self._child = Children()
         self.events = events
         self.clock = clock or SystemClock()
         self.hooks = hooks
@@ -194,6 +199,12 @@ class DeviceState:
         async with self._serialized(), anyio.create_task_group() as tg:
             for ref in refs:
                 tg.start_soon(self._prepare_one, ref, objects[ref.uid], results)
+        if self.listener is not None:
+            read = {ref: objects[ref.uid] for ref in refs if not results[ref.uid].error}
+            try:
+                self.listener.claims_read(read)
+            except Exception as error:  # metrics must never fail a prepare
+                log.warning("prepared-claims listener failed", extra=log_fields(error=repr(error)))
         self._update_gauges()
         return results
 
@@ -256,7 +267,7 @@ class DeviceState:
             self._count("prepare", "error", "internal")
         finally:
             if self.metrics is not None:
-                self.metrics.claim_latency.labels(self.driver, "prepare").observe(
+                self._child(self.metrics.claim_latency, self.driver, "prepare").observe(
                     self.clock.monotonic() - started
                 )
 
@@ -446,7 +457,7 @@ class DeviceState:
             self._count("unprepare", "error", "internal")
         finally:
             if self.metrics is not None:
-                self.metrics.claim_latency.labels(self.driver, "unprepare").observe(
+                self._child(self.metrics.claim_latency, self.driver, "unprepare").observe(
                     self.clock.monotonic() - started
                 )
 
@@ -668,17 +679,18 @@ class DeviceState:
     def _count(self, operation: str, result: str, reason: str = "") -> None:
         if self.metrics is None:
             return
-        self.metrics.claim_operations.labels(self.driver, operation, result).inc()
+        self._child(self.metrics.claim_operations, self.driver, operation, result).inc()
         if reason:
-            self.metrics.claim_errors.labels(self.driver, operation, reason).inc()
+            self._child(self.metrics.claim_errors, self.driver, operation, reason).inc()
 
     def _update_gauges(self) -> None:
         self._notify()
         if self.metrics is None:
             return
         prepared = self.prepared_claims()
-        self.metrics.prepared_claims.labels(self.driver).set(len(prepared))
-        self.metrics.prepared_devices.labels(self.driver).set(sum(len(e.devices) for e in prepared.values()))
+        self._child(self.metrics.prepared_claims, self.driver).set(len(prepared))
+        devices = sum(len(e.devices) for e in prepared.values())
+        self._child(self.metrics.prepared_devices, self.driver).set(devices)
 
     def _notify(self) -> None:
         if self.listener is None:
