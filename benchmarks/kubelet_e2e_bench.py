@@ -16,7 +16,8 @@ client (the kubelet is grpc-go; grpcio is the same C core family). Measured in t
 - process start to registration socket, and after ``kill -9`` of the agent, the time from the
   restart to the answer of the kubelet's next prepare of an already prepared claim.
 
-Run: ``python -m benchmarks.kubelet_e2e_bench`` (``--quick``: 200 prepares instead of 1,000).
+Run: ``python -m benchmarks.kubelet_e2e_bench`` (``--quick``: 200 prepares instead of 1,000;
+``--pod-uid UID``: as the chart runs it, with the file lock of rolling updates).
 """
 
 from __future__ import annotations
@@ -213,7 +214,9 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
 class AgentProcess:
     """``dra-agent run`` against the emulator, its sockets under `root`."""
 
-    def __init__(self, root: Path, cdi_root: Path, state_dir: Path, kubeconfig: Path) -> None:
+    def __init__(
+        self, root: Path, cdi_root: Path, state_dir: Path, kubeconfig: Path, pod_uid: str = ""
+    ) -> None:
         self.root = root
         self.args = [
             sys.executable, "-m", "agent.cli", "run", "--node-name", NODE,
@@ -225,6 +228,10 @@ class AgentProcess:
         ]  # fmt: skip
         self.registration = root / "registry" / f"{DRIVER}-reg.sock"
         self.dra_socket = root / "plugins" / DRIVER / "dra.sock"
+        if pod_uid:  # as the chart runs it: per-pod socket names and the rolling-update file lock
+            self.args += ["--pod-uid", pod_uid]
+            self.registration = root / "registry" / f"{DRIVER}-{pod_uid}-reg.sock"
+            self.dra_socket = root / "plugins" / DRIVER / f"dra-{pod_uid}.sock"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
 
@@ -290,7 +297,9 @@ def profiled(output: str, phase: str, pid: int) -> Iterator[None]:
         recorder.wait(timeout=60)
 
 
-def run(prepares: int, settle: float, py_spy: str = "", state_parent: str = "/tmp") -> dict[str, float]:
+def run(
+    prepares: int, settle: float, py_spy: str = "", state_parent: str = "/tmp", pod_uid: str = ""
+) -> dict[str, float]:
     figures: dict[str, float] = {}
     with ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-", dir="/tmp")))
@@ -315,7 +324,7 @@ def run(prepares: int, settle: float, py_spy: str = "", state_parent: str = "/tm
         )
         cdi = stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-cdi-", dir=CDI_PARENT))
         state = stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-state-", dir=state_parent))
-        agent = AgentProcess(root, Path(cdi), Path(state), kubeconfig)
+        agent = AgentProcess(root, Path(cdi), Path(state), kubeconfig, pod_uid)
         try:
             assert emulator.stdout is not None
             emulator.stdout.readline()
@@ -406,8 +415,8 @@ def run(prepares: int, settle: float, py_spy: str = "", state_parent: str = "/tm
     return figures
 
 
-def main(prepares: int, settle: float, py_spy: str, state_parent: str) -> None:
-    figures = run(prepares, settle, py_spy, state_parent)
+def main(prepares: int, settle: float, py_spy: str, state_parent: str, pod_uid: str) -> None:
+    figures = run(prepares, settle, py_spy, state_parent, pod_uid)
     width = max(len(k) for k in figures)
     print(f"{'measure'.ljust(width)}  {'value':>9}  target")
     for name, value in figures.items():
@@ -437,5 +446,10 @@ if __name__ == "__main__":
         default="/tmp",
         help="directory of the checkpoint (a disk, as /var/lib is; /dev/shm leaves the fsyncs out)",
     )
+    parser.add_argument(
+        "--pod-uid",
+        default="",
+        help="run the agent with --pod-uid as the chart does (with the rolling-update file lock)",
+    )
     args = parser.parse_args()
-    main(200 if args.quick else 1000, args.settle, args.py_spy, args.state_parent)
+    main(200 if args.quick else 1000, args.settle, args.py_spy, args.state_parent, args.pod_uid)
