@@ -7,7 +7,9 @@ file that cannot be read, parsed (within `MAX_CHECKPOINT_BYTES` and the depth li
 `agent.core.boundedfile`) or verified is moved aside under a name of its own and the agent
 rebuilds the entries from the CDI specs (never a crash loop, see `agent.claims.recovery`).
 Writes are atomic and coalesced: concurrent changes share one write (group commit), so 100
-claims prepared at once do not mean 200 fsyncs.
+claims prepared at once do not mean 200 fsyncs. A change may bring a blocking action (the CDI
+spec of a completed claim) that the write carrying the change runs first in its worker thread:
+one thread hop for both, and the spec is on disk before any checkpoint names the claim completed.
 """
 
 from __future__ import annotations
@@ -287,6 +289,35 @@ def _read_file(
     return outcome, None, None
 
 
+class _Before:
+    """A blocking action that the write first carrying `uid`'s change runs first, in its worker thread."""
+
+    def __init__(self, uid: str, previous: ClaimEntry | None, action: Callable[[], None]) -> None:
+        self.uid = uid
+        self.previous = previous
+        self.action = action
+        self.done = False
+        self.error: Exception | None = None
+
+
+def _write_group(
+    path: Path, data: CheckpointData, befores: list[_Before], durable: bool, unpin: int | None
+) -> tuple[int | None, FileIdentity | None]:
+    """Run the actions of a group commit, then write `data` without the changes whose action failed."""
+    entries = dict(data.entries)
+    for before in befores:
+        try:
+            before.action()
+        except Exception as error:  # the owner of the change gets it; the others' changes go on
+            before.error = error
+            if before.previous is None:
+                entries.pop(before.uid, None)
+            else:
+                entries[before.uid] = before.previous
+        before.done = True
+    return _write_file(path, encode(CheckpointData(data.boot_id, entries)), durable, unpin)
+
+
 class CheckpointStore:
     """The entries in memory plus their durable copy; every change is on disk when its call returns.
 
@@ -305,6 +336,7 @@ class CheckpointStore:
         self._synced = 0
         self._pinned: int | None = None
         self._identity: FileIdentity | None = None
+        self._befores: list[_Before] = []
 
     def load(self, entries: Mapping[str, ClaimEntry]) -> None:
         """Replace the in-memory entries (at start, or after reading the file another agent wrote)."""
@@ -353,8 +385,14 @@ class CheckpointStore:
         """A copy of all entries."""
         return dict(self._entries)
 
-    async def put(self, entry: ClaimEntry, *, durable: bool = True) -> None:
+    async def put(
+        self, entry: ClaimEntry, *, durable: bool = True, before: Callable[[], None] | None = None
+    ) -> None:
         """Add or replace an entry; raises `CheckpointWriteError` (memory reverted).
+
+        `before` (blocking) runs in the worker thread of the write that first carries the entry,
+        before that write; what it raises is raised here, and the entry is then left out
+        of the file and memory (the other changes of the group are written).
 
         `durable=False` skips the fsyncs (see `agent.claims.atomicfile.write_atomic`): the agent uses it
         for PrepareStarted, which guards state that a power loss erases anyway (CDI specs on a
@@ -362,7 +400,23 @@ class CheckpointStore:
         """
         previous = self._entries.get(entry.uid)
         self._entries[entry.uid] = entry
-        await self._commit(lambda: self._restore(entry.uid, previous), durable=durable)
+        if before is None:
+            await self._commit(lambda: self._restore(entry.uid, previous), durable=durable)
+            return
+        # The action runs in the hop of the write that carries the entry (one hop for both).
+        pending = _Before(entry.uid, previous, before)
+        self._befores.append(pending)
+        try:
+            await self._commit(lambda: self._restore(entry.uid, previous), durable=durable)
+        except CheckpointWriteError:
+            if pending.error is None:
+                raise  # else the action's failure is the one to report
+        finally:
+            if pending in self._befores:  # cancelled before a write took it: none may carry the entry
+                self._befores.remove(pending)
+                self._restore(entry.uid, previous)
+        if pending.error is not None:
+            raise pending.error
 
     async def remove(self, uid: str) -> None:
         """Drop an entry durably (no-op when absent); raises `CheckpointWriteError` (memory reverted)."""
@@ -390,11 +444,21 @@ class CheckpointStore:
                 if (self._synced if durable else self._written) >= mine:
                     return
                 covered = self._changes
-                data = encode(CheckpointData(self.boot_id, dict(self._entries)))
+                befores, self._befores = self._befores, []
                 unpin, self._pinned, self._identity = self._pinned, None, None
-                self._pinned, self._identity = await anyio.to_thread.run_sync(
-                    _write_file, self.path, data, durable, unpin
-                )
+                try:
+                    self._pinned, self._identity = await anyio.to_thread.run_sync(
+                        _write_group,
+                        self.path,
+                        CheckpointData(self.boot_id, dict(self._entries)),
+                        befores,
+                        durable,
+                        unpin,
+                    )
+                finally:
+                    for before in befores:
+                        if before.error is not None:
+                            self._restore(before.uid, before.previous)
                 self._written = covered
                 if durable:
                     self._synced = covered

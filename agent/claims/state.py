@@ -2,7 +2,7 @@
 
 Prepare: GET every claim concurrently (before any lock), check it, then per claim under its own
 lock: checkpoint ``PrepareStarted`` -> backend prepare of each device -> one CDI spec -> checkpoint
-``PrepareCompleted``. Any failure rolls back what was done for that claim. Unprepare reverses it.
+``PrepareCompleted`` (spec and checkpoint in one worker-thread hop, see `CheckpointStore.put`). Any failure rolls back what was done for that claim. Unprepare reverses it.
 `start` repairs the checkpoint and reconciles it with the CDI files and the API server so that,
 after any crash, no CDI spec exists without an entry and no completed entry lacks its spec. A
 corrupt checkpoint is rebuilt from the specs (`agent.claims.recovery`), whose claims the kubelet
@@ -324,9 +324,18 @@ class DeviceState:
         """Backend prepare, CDI spec, checkpoint completed; raises `_ClaimFailure` (caller rolls back)."""
         edits = await self._backend_prepare(ref, entry.devices)
         self._step(Step.PREPARE_AFTER_BACKEND_PREPARE, ref.uid)
-        completed = await self._write_spec(ref, entry, edits)
-        self._step(Step.PREPARE_AFTER_CDI_WRITE, ref.uid)
-        await self._put(ref, completed)
+        completed, cdi_devices, record = self._completed(ref, entry, edits)
+
+        def write_spec() -> None:  # in the checkpoint write's worker thread, before that write
+            self.cdi.write_claim_spec(ref.uid, cdi_devices, record)
+            self._step(Step.PREPARE_AFTER_CDI_WRITE, ref.uid)
+
+        try:
+            await self.store.put(completed, before=write_spec)
+        except OSError as error:
+            raise self._spec_failure(ref, error) from error
+        except CheckpointWriteError as error:
+            raise _ClaimFailure(f"prepare claim {claim_key(ref)}: {error}", "checkpoint") from error
         return completed
 
     async def _refresh(self, ref: ClaimRef, entry: ClaimEntry) -> ClaimEntry:
@@ -363,10 +372,10 @@ class DeviceState:
                 ) from error
         return edits
 
-    async def _write_spec(
+    def _completed(
         self, ref: ClaimRef, entry: ClaimEntry, edits: Sequence[ContainerEdits]
-    ) -> ClaimEntry:
-        """Write the claim's CDI spec, recording in it the completed entry (with CDI IDs) returned."""
+    ) -> tuple[ClaimEntry, list[CdiDevice], dict[str, Any]]:
+        """The completed entry (with CDI IDs), the devices of its CDI spec and the record the spec carries."""
         cdi_devices = [
             CdiDevice(cdi_device_name(ref.uid, d.device, d.share_id), e)
             for d, e in zip(entry.devices, edits, strict=True)
@@ -379,16 +388,25 @@ class DeviceState:
                 for d, c, e in zip(entry.devices, cdi_devices, edits, strict=True)
             ),
         )
-        record = {"uid": ref.uid, **entry_json(completed)}
+        return completed, cdi_devices, {"uid": ref.uid, **entry_json(completed)}
+
+    async def _write_spec(
+        self, ref: ClaimRef, entry: ClaimEntry, edits: Sequence[ContainerEdits]
+    ) -> ClaimEntry:
+        """Write the claim's CDI spec, recording in it the completed entry (with CDI IDs) returned."""
+        completed, cdi_devices, record = self._completed(ref, entry, edits)
         try:
             await anyio.to_thread.run_sync(self.cdi.write_claim_spec, ref.uid, cdi_devices, record)
         except OSError as error:
-            raise _ClaimFailure(
-                f"prepare claim {claim_key(ref)}: cannot write CDI spec {self.cdi.spec_path(ref.uid)}: "
-                f"{error.strerror or error}; check free space and permissions of the CDI root",
-                "cdi",
-            ) from error
+            raise self._spec_failure(ref, error) from error
         return completed
+
+    def _spec_failure(self, ref: ClaimRef, error: OSError) -> _ClaimFailure:
+        return _ClaimFailure(
+            f"prepare claim {claim_key(ref)}: cannot write CDI spec {self.cdi.spec_path(ref.uid)}: "
+            f"{error.strerror or error}; check free space and permissions of the CDI root",
+            "cdi",
+        )
 
     async def _rollback(self, ref: ClaimRef, entry: ClaimEntry) -> None:
         """Undo a partial prepare: backend, CDI spec, checkpoint entry (best effort, shielded)."""

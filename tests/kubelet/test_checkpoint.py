@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -353,3 +356,106 @@ async def test_is_current_until_another_writer_replaces_or_edits_the_file(tmp_pa
     store.close()
     other.close()
     assert not other.is_current()
+
+
+async def test_actions_run_in_the_hop_of_the_write_that_carries_their_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CDI spec of a completed claim is written before any checkpoint write names the claim."""
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.flush()
+    hops = 0
+    real_run_sync = anyio.to_thread.run_sync
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal hops
+        hops += 1
+        return await real_run_sync(*args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+    seen_at_action: dict[str, set[str]] = {}
+
+    def action(uid: str) -> Callable[[], None]:
+        def run() -> None:
+            seen_at_action[uid] = set(decode(path.read_bytes()).entries)
+
+        return run
+
+    async with anyio.create_task_group() as tg:
+        for i in range(10):
+            entry = ClaimEntry(f"u{i}", "ns", f"c{i}", ClaimPhase.COMPLETED)
+            tg.start_soon(functools.partial(store.put, entry, before=action(f"u{i}")))
+    assert all(uid not in on_disk for uid, on_disk in seen_at_action.items())
+    assert set(decode(path.read_bytes()).entries) == {f"u{i}" for i in range(10)}
+    assert hops < 10  # actions and writes share hops
+
+
+async def test_a_failed_action_fails_its_change_only(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.put(ENTRY)
+    failures: dict[str, BaseException] = {}
+
+    def cdi_full() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def put(uid: str) -> None:
+        try:
+            await store.put(
+                ClaimEntry(uid, "ns", uid, ClaimPhase.COMPLETED), before=cdi_full if uid == "u3" else None
+            )
+        except OSError as error:
+            failures[uid] = error
+
+    async with anyio.create_task_group() as tg:
+        for i in range(2, 6):
+            tg.start_soon(put, f"u{i}")
+    assert list(failures) == ["u3"]
+    assert not isinstance(failures["u3"], CheckpointWriteError)  # the action's own error
+    assert set(decode(path.read_bytes()).entries) == {"u1", "u2", "u4", "u5"}
+    assert set(store.entries()) == {"u1", "u2", "u4", "u5"}
+
+
+async def test_an_action_that_fails_with_the_write_reports_the_action(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.put(ENTRY)
+
+    def full(fd: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def cdi_full() -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", full)
+    with pytest.raises(OSError, match="Read-only"):
+        await store.put(ClaimEntry("u2", "ns", "c2", ClaimPhase.COMPLETED), before=cdi_full)
+    assert store.entries() == {"u1": ENTRY}
+
+
+async def test_a_put_cancelled_before_its_write_drops_its_entry_and_action(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    ran: list[str] = []
+    held, release = anyio.Event(), anyio.Event()
+
+    async def writing() -> None:  # a write in progress: the put waits for it
+        async with store._write_lock:
+            held.set()
+            await release.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writing)
+        await held.wait()
+        with anyio.move_on_after(0.01):
+            await store.put(
+                ClaimEntry("u2", "ns", "c2", ClaimPhase.COMPLETED), before=lambda: ran.append("u2")
+            )
+        release.set()
+    await store.put(ENTRY)
+    assert ran == []
+    assert set(decode(path.read_bytes()).entries) == {"u1"}
+    assert set(store.entries()) == {"u1"}

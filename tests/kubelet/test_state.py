@@ -219,10 +219,10 @@ async def test_disk_full_on_cdi_write_is_a_claim_error(
     real_put = state.store.put
     calls = 0
 
-    async def put_then_fill_disk(entry: Any, durable: bool = True) -> None:
+    async def put_then_fill_disk(entry: Any, durable: bool = True, before: Any = None) -> None:
         nonlocal calls
         calls += 1
-        await real_put(entry, durable=durable)
+        await real_put(entry, durable=durable, before=before)
         if calls == 1:  # PrepareStarted is on disk; now the disk fills up
             monkeypatch.setattr(agent.claims.atomicfile, "_write_all", disk_full)
 
@@ -558,10 +558,11 @@ async def test_failed_prepare_completed_write_rolls_back(
     state, backend = build(tmp_path, FakeClaimSource([claim]))
     real_put = state.store.put
 
-    async def fail_completed(entry: Any, durable: bool = True) -> None:
+    async def fail_completed(entry: Any, durable: bool = True, before: Any = None) -> None:
         if entry.phase is ClaimPhase.COMPLETED:
+            before()  # the spec is written in the hop of the write that fails
             raise CheckpointWriteError("cannot write the checkpoint: No space left on device")
-        await real_put(entry, durable=durable)
+        await real_put(entry, durable=durable, before=before)
 
     monkeypatch.setattr(state.store, "put", fail_completed)
     assert "No space left on device" in (await state.prepare([ref_of(claim)]))[UID].error
