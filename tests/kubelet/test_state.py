@@ -618,3 +618,36 @@ async def test_file_lock_rereads_the_checkpoint_only_after_another_writer(
     assert await old.unprepare([ref_of(c1)]) == {UID: ""}
     assert len(reads) == 1
     assert set(checkpoint(tmp_path)) == {"u2"}
+
+
+class RecordingListener:
+    def __init__(self) -> None:
+        self.told: list[set[str]] = []
+
+    def prepared_changed(self, driver: str, prepared: Any) -> None:
+        self.told.append({ref.uid for ref in prepared})
+
+    def claims_read(self, claims: Any) -> None:
+        pass
+
+
+async def test_concurrent_calls_report_the_prepared_claims_once_the_last_one_ends(tmp_path: Path) -> None:
+    claims = [make_claim(f"u{i}", devices=(f"gpu-{i % 4}",)) for i in range(20)]
+    listener = RecordingListener()
+    metrics = Metrics()
+    state, _ = build(tmp_path, FakeClaimSource(claims, delay=0.001), listener=listener, metrics=metrics)
+    await state.start()
+    listener.told.clear()
+    async with anyio.create_task_group() as tg:
+        for claim in claims:
+            tg.start_soon(state.prepare, [ref_of(claim)])
+    assert 1 <= len(listener.told) < 20
+    assert listener.told[-1] == {f"u{i}" for i in range(20)}
+    assert metrics.registry.get_sample_value("dra_agent_prepared_claims", {"driver": DRIVER}) == 20
+    # A call that fails as a whole still reports what the others changed meanwhile.
+    listener.told.clear()
+    with pytest.raises(ClaimRequestError):
+        await state.prepare([ClaimRef("default", "missing", "u-missing")])
+    assert listener.told == [{f"u{i}" for i in range(20)}]
+    assert await state.unprepare([ref_of(c) for c in claims]) == {f"u{i}": "" for i in range(20)}
+    assert listener.told[-1] == set()
