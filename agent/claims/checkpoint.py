@@ -289,8 +289,12 @@ def _read_file(
     return outcome, None, None
 
 
-class _Before:
-    """A blocking action that the write first carrying `uid`'s change runs first, in its worker thread."""
+class _Action:
+    """A blocking action tied to the change of `uid`, run in the worker thread of a checkpoint write.
+
+    Before: run first by the write that first carries the change (its failure leaves the change
+    out). After: run by the durable write that carries the change, once it is on disk.
+    """
 
     def __init__(self, uid: str, previous: ClaimEntry | None, action: Callable[[], None]) -> None:
         self.uid = uid
@@ -299,23 +303,35 @@ class _Before:
         self.done = False
         self.error: Exception | None = None
 
+    def run(self) -> None:
+        try:
+            self.action()
+        except Exception as error:  # the owner of the change gets it; the others' changes go on
+            self.error = error
+        self.done = True
+
 
 def _write_group(
-    path: Path, data: CheckpointData, befores: list[_Before], durable: bool, unpin: int | None
+    path: Path,
+    data: CheckpointData,
+    actions: tuple[list[_Action], list[_Action]],
+    durable: bool,
+    unpin: int | None,
 ) -> tuple[int | None, FileIdentity | None]:
-    """Run the actions of a group commit, then write `data` without the changes whose action failed."""
+    """Run the befores of a group, write `data` less the changes whose before failed, run the afters."""
+    befores, afters = actions
     entries = dict(data.entries)
     for before in befores:
-        try:
-            before.action()
-        except Exception as error:  # the owner of the change gets it; the others' changes go on
-            before.error = error
+        before.run()
+        if before.error is not None:
             if before.previous is None:
                 entries.pop(before.uid, None)
             else:
                 entries[before.uid] = before.previous
-        before.done = True
-    return _write_file(path, encode(CheckpointData(data.boot_id, entries)), durable, unpin)
+    written = _write_file(path, encode(CheckpointData(data.boot_id, entries)), durable, unpin)
+    for after in afters:
+        after.run()
+    return written
 
 
 class CheckpointStore:
@@ -336,7 +352,8 @@ class CheckpointStore:
         self._synced = 0
         self._pinned: int | None = None
         self._identity: FileIdentity | None = None
-        self._befores: list[_Before] = []
+        self._befores: list[_Action] = []
+        self._afters: list[_Action] = []
 
     def load(self, entries: Mapping[str, ClaimEntry]) -> None:
         """Replace the in-memory entries (at start, or after reading the file another agent wrote)."""
@@ -404,7 +421,7 @@ class CheckpointStore:
             await self._commit(lambda: self._restore(entry.uid, previous), durable=durable)
             return
         # The action runs in the hop of the write that carries the entry (one hop for both).
-        pending = _Before(entry.uid, previous, before)
+        pending = _Action(entry.uid, previous, before)
         self._befores.append(pending)
         try:
             await self._commit(lambda: self._restore(entry.uid, previous), durable=durable)
@@ -418,12 +435,27 @@ class CheckpointStore:
         if pending.error is not None:
             raise pending.error
 
-    async def remove(self, uid: str) -> None:
-        """Drop an entry durably (no-op when absent); raises `CheckpointWriteError` (memory reverted)."""
+    async def remove(self, uid: str, *, after: Callable[[], None] | None = None) -> None:
+        """Drop an entry durably (no-op when absent); raises `CheckpointWriteError` (memory reverted).
+
+        `after` (blocking) runs in the worker thread of the durable write that drops the entry,
+        once that write is on disk; what it raises is raised here (the entry stays dropped).
+        """
         if uid not in self._entries:
             return
         previous = self._entries.pop(uid)
-        await self._commit(lambda: self._restore(uid, previous))
+        if after is None:
+            await self._commit(lambda: self._restore(uid, previous))
+            return
+        pending = _Action(uid, previous, after)
+        self._afters.append(pending)
+        try:
+            await self._commit(lambda: self._restore(uid, previous))
+        finally:
+            if pending in self._afters:  # failed or cancelled before a write took it
+                self._afters.remove(pending)
+        if pending.error is not None:
+            raise pending.error
 
     async def flush(self) -> None:
         """Write the current entries (at start: records the new boot ID)."""
@@ -445,13 +477,16 @@ class CheckpointStore:
                     return
                 covered = self._changes
                 befores, self._befores = self._befores, []
+                afters: list[_Action] = []
+                if durable:  # an after waits for its change to be durable
+                    afters, self._afters = self._afters, []
                 unpin, self._pinned, self._identity = self._pinned, None, None
                 try:
                     self._pinned, self._identity = await anyio.to_thread.run_sync(
                         _write_group,
                         self.path,
                         CheckpointData(self.boot_id, dict(self._entries)),
-                        befores,
+                        (befores, afters),
                         durable,
                         unpin,
                     )
@@ -459,6 +494,8 @@ class CheckpointStore:
                     for before in befores:
                         if before.error is not None:
                             self._restore(before.uid, before.previous)
+                    # The write failed: the afters wait for the next durable write (their owners retry).
+                    self._afters.extend(a for a in afters if not a.done)
                 self._written = covered
                 if durable:
                     self._synced = covered

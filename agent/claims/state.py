@@ -505,23 +505,26 @@ class DeviceState:
                         f"unprepare device {device.device!r} of claim {claim_key(ref)}: {error}", "backend"
                     ) from error
             self._step(Step.UNPREPARE_AFTER_BACKEND_UNPREPARE, ref.uid)
+
+            def remove_spec() -> None:  # in the checkpoint write's worker thread, once it is durable
+                self._step(Step.UNPREPARE_AFTER_CHECKPOINT_REMOVE, ref.uid)
+                self.cdi.remove_claim_spec(ref.uid)
+                self._step(Step.UNPREPARE_AFTER_CDI_REMOVE, ref.uid)
+
             try:
-                await self.store.remove(ref.uid)
+                await self.store.remove(ref.uid, after=remove_spec)
             except CheckpointWriteError as error:
                 # The entry and its spec stay (the kubelet retries); a prepare meanwhile redoes the backend.
                 self._released.add(ref.uid)
                 raise _ClaimFailure(f"unprepare claim {claim_key(ref)}: {error}", "checkpoint") from error
-            self._released.discard(ref.uid)
-            self._step(Step.UNPREPARE_AFTER_CHECKPOINT_REMOVE, ref.uid)
-            try:
-                await anyio.to_thread.run_sync(self.cdi.remove_claim_spec, ref.uid)
             except OSError as error:
                 # No entry owns the spec now: the kubelet's retry (an unknown claim) removes it.
+                self._released.discard(ref.uid)
                 raise _ClaimFailure(
                     f"unprepare claim {claim_key(ref)}: cannot remove CDI spec: {error.strerror or error}",
                     "cdi",
                 ) from error
-            self._step(Step.UNPREPARE_AFTER_CDI_REMOVE, ref.uid)
+            self._released.discard(ref.uid)
 
     # ----------------------------------------------------------------- start-up reconcile
 

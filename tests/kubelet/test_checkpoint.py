@@ -459,3 +459,69 @@ async def test_a_put_cancelled_before_its_write_drops_its_entry_and_action(tmp_p
     assert ran == []
     assert set(decode(path.read_bytes()).entries) == {"u1"}
     assert set(store.entries()) == {"u1"}
+
+
+async def test_afters_run_once_the_removal_is_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CDI spec of an unprepared claim goes only once no checkpoint on disk names the claim."""
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    store.load({f"u{i}": ClaimEntry(f"u{i}", "ns", f"c{i}", ClaimPhase.COMPLETED) for i in range(10)})
+    await store.flush()
+    syncs = 0
+    real_fsync = os.fsync
+
+    def counting(fd: int) -> None:
+        nonlocal syncs
+        syncs += 1
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    seen: dict[str, tuple[set[str], int]] = {}
+
+    def action(uid: str) -> Callable[[], None]:
+        def run() -> None:
+            seen[uid] = (set(decode(path.read_bytes()).entries), syncs)
+
+        return run
+
+    async with anyio.create_task_group() as tg:
+        for i in range(10):
+            tg.start_soon(functools.partial(store.remove, f"u{i}", after=action(f"u{i}")))
+            # Non-durable writes in between must not run the afters.
+            entry = ClaimEntry(f"s{i}", "ns", f"s{i}", ClaimPhase.STARTED)
+            tg.start_soon(functools.partial(store.put, entry, durable=False))
+    assert set(seen) == {f"u{i}" for i in range(10)}
+    assert all(uid not in on_disk and synced > 0 for uid, (on_disk, synced) in seen.items())
+    assert set(decode(path.read_bytes()).entries) == {f"s{i}" for i in range(10)}
+
+
+async def test_a_failed_after_is_raised_and_a_failed_write_runs_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    store.load({"u1": ENTRY, "u2": ClaimEntry("u2", "ns", "c2", ClaimPhase.COMPLETED)})
+    await store.flush()
+
+    def busy() -> None:
+        raise OSError(errno.EBUSY, "Device or resource busy")
+
+    with pytest.raises(OSError, match="busy"):
+        await store.remove("u2", after=busy)
+    assert set(store.entries()) == {"u1"}  # dropped all the same
+    assert set(decode(path.read_bytes()).entries) == {"u1"}
+
+    def full(fd: int, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", full)
+    ran: list[str] = []
+    with pytest.raises(CheckpointWriteError):
+        await store.remove("u1", after=lambda: ran.append("u1"))
+    assert ran == []
+    assert set(store.entries()) == {"u1"}
+    monkeypatch.undo()
+    await store.remove("u1", after=lambda: ran.append("u1"))  # the kubelet's retry
+    assert ran == ["u1"]
