@@ -205,6 +205,34 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
+def get_all(url: str, claims: Sequence[Mapping[str, str]], in_flight: int) -> float:
+    """Seconds to GET every claim with `in_flight` keep-alive connections (the emulator's part of a burst)."""
+    clients = [Api(url) for _ in range(in_flight)]
+    for client in clients:  # connect before the clock starts
+        client.call("GET", f"{CLAIMS}/{claims[0]['name']}")
+    todo = list(claims)
+    lock = threading.Lock()
+
+    def worker(client: Api) -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                claim = todo.pop()
+            client.call("GET", f"{CLAIMS}/{claim['name']}")
+
+    threads = [threading.Thread(target=worker, args=(c,)) for c in clients]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    took = time.perf_counter() - start
+    for client in clients:
+        client.connection.close()
+    return took
+
+
 def timed(call: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     answer = call()
@@ -388,6 +416,14 @@ def run(
                     figures["second burst wall (ms)"] = wall * 1000
                     figures["RSS after a second burst (MiB)"] = rss_mib(agent.pid)
             figures["peak RSS (MiB)"] = rss_mib(agent.pid, "VmHWM")
+
+            # The floors of the burst: the same 100 calls without claims (gRPC only), and the 100
+            # claim GETs alone against the emulator with as many in flight as the agent allows.
+            start = time.perf_counter()
+            for future in [kubelet.prepare_future([]) for _ in range(BURST)]:
+                future.result()
+            figures["burst of 100 empty calls wall (ms)"] = (time.perf_counter() - start) * 1000
+            figures["100 claim GETs, 3 in flight, wall (ms)"] = get_all(url, burst, 3) * 1000
 
             # kill -9 with a prepared claim; the kubelet retries its prepare until answered.
             kept = api.allocated_claim("kept", devices[0])
