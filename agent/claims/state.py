@@ -155,6 +155,8 @@ class DeviceState:
         self._boot_id = boot_id if boot_id is not None else read_boot_id(boot_id_path)
         self.store = CheckpointStore(state_dir / CHECKPOINT_FILE, self._boot_id)
         self._file_lock = FileLock(lock_path, clock=self.clock) if lock_path is not None else None
+        self._hold_lock = anyio.Lock()
+        self._holders = 0
         self._claim_locks: dict[str, tuple[anyio.Lock, int]] = {}
         self._calls = 0
         self._released: set[str] = set()
@@ -659,15 +661,29 @@ class DeviceState:
 
         Two agent pods share the checkpoint during a rolling update, so whoever takes the lock
         first reloads the entries the other one may have written since (unless the file is still
-        the one this process wrote last).
+        the one this process wrote last). The calls of this process share one hold of the lock:
+        among themselves they are ordered by the claim locks and the group commit, as without
+        the file lock, so a burst takes it once instead of queueing call after call behind it.
         """
         if self._file_lock is None:
             yield
             return
-        async with self._file_lock:
-            if reload:
-                await self._reload_checkpoint()
+        async with self._hold_lock:  # orders the taking and the reload, not the calls
+            if self._holders == 0:
+                await self._file_lock.acquire()
+                try:
+                    if reload:
+                        await self._reload_checkpoint()
+                except BaseException:
+                    self._file_lock.release()
+                    raise
+            self._holders += 1
+        try:
             yield
+        finally:
+            self._holders -= 1
+            if self._holders == 0:
+                self._file_lock.release()
 
     async def _reload_checkpoint(self) -> None:
         if self.store.is_current():

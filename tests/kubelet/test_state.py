@@ -651,3 +651,48 @@ async def test_concurrent_calls_report_the_prepared_claims_once_the_last_one_end
     assert listener.told == [{f"u{i}" for i in range(20)}]
     assert await state.unprepare([ref_of(c) for c in claims]) == {f"u{i}": "" for i in range(20)}
     assert listener.told[-1] == set()
+
+
+class GatedBackend(FakeBackend):
+    """Prepare of `gated` waits for `open`, after setting `entered`."""
+
+    def __init__(self, gated: str) -> None:
+        super().__init__()
+        self.gated = gated
+        self.entered = anyio.Event()
+        self.open = anyio.Event()
+
+    async def prepare(self, device: str, claim: ClaimRef) -> Any:
+        if device == self.gated:
+            self.entered.set()
+            await self.open.wait()
+        return await super().prepare(device, claim)
+
+
+async def test_calls_of_one_process_share_the_file_lock_and_exclude_another_agent(tmp_path: Path) -> None:
+    slow, fast = make_claim(UID, devices=("gpu-0",)), make_claim("u2", devices=("gpu-1",))
+    lock_path = tmp_path / "serialize.lock"
+    backend = GatedBackend("gpu-0")
+    state, _ = build(tmp_path, FakeClaimSource([slow, fast]), backend, lock_path=lock_path)
+    await state.start()
+    other_agent = FileLock(lock_path, poll_interval=0.001)
+    other_took = anyio.Event()
+
+    async def other() -> None:
+        async with other_agent:
+            other_took.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(state.prepare, [ref_of(slow)])
+        with anyio.fail_after(5):
+            await backend.entered.wait()
+        tg.start_soon(other)
+        with anyio.fail_after(5):  # not queued behind the slow call of the same process
+            assert (await state.prepare([ref_of(fast)]))["u2"].error == ""
+        await anyio.sleep(0.02)
+        assert not other_took.is_set()  # the slow call still holds the lock for this process
+        backend.open.set()
+        with anyio.fail_after(5):
+            await other_took.wait()
+    assert set(checkpoint(tmp_path)) == {UID, "u2"}
+    other_agent.close()
