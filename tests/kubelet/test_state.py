@@ -631,11 +631,18 @@ class RecordingListener:
         pass
 
 
-async def test_concurrent_calls_report_the_prepared_claims_once_the_last_one_ends(tmp_path: Path) -> None:
+@pytest.mark.parametrize("file_lock", [False, True], ids=["no-lock", "file-lock"])
+async def test_concurrent_calls_report_the_prepared_claims_once_the_last_one_ends(
+    tmp_path: Path, file_lock: bool
+) -> None:
+    """With the file lock, the calls share its hold: the last out releases it, whichever took it."""
     claims = [make_claim(f"u{i}", devices=(f"gpu-{i % 4}",)) for i in range(20)]
     listener = RecordingListener()
     metrics = Metrics()
-    state, _ = build(tmp_path, FakeClaimSource(claims, delay=0.001), listener=listener, metrics=metrics)
+    lock = {"lock_path": tmp_path / "serialize.lock"} if file_lock else {}
+    state, _ = build(
+        tmp_path, FakeClaimSource(claims, delay=0.001), listener=listener, metrics=metrics, **lock
+    )
     await state.start()
     listener.told.clear()
     async with anyio.create_task_group() as tg:
