@@ -639,9 +639,12 @@ async def test_concurrent_calls_report_the_prepared_claims_once_the_last_one_end
     claims = [make_claim(f"u{i}", devices=(f"gpu-{i % 4}",)) for i in range(20)]
     listener = RecordingListener()
     metrics = Metrics()
-    lock = {"lock_path": tmp_path / "serialize.lock"} if file_lock else {}
     state, _ = build(
-        tmp_path, FakeClaimSource(claims, delay=0.001), listener=listener, metrics=metrics, **lock
+        tmp_path,
+        FakeClaimSource(claims, delay=0.001),
+        listener=listener,
+        metrics=metrics,
+        lock_path=tmp_path / "serialize.lock" if file_lock else None,
     )
     await state.start()
     listener.told.clear()
