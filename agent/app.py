@@ -1,8 +1,10 @@
 """The agent process: every driver's backend, health, publishing and kubelet services in one task group.
 
 Each long-running part runs under `supervise`: a failure is logged once per attempt, counted and
-restarted with capped backoff instead of silently ending the process. SIGTERM/SIGINT cancel the
-task group; each part cleans up in its own ``finally``.
+restarted with capped backoff instead of silently ending the process; a part failing for longer
+than `PART_UNHEALTHY_AFTER_SECONDS` makes ``/healthz`` fail (`PartFailures`). Backends marked
+optional that have no library or no devices on this node are left out at start. SIGTERM/SIGINT
+cancel the task group; each part cleans up in its own ``finally``.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -30,16 +32,30 @@ from agent.observe.telemetry import MonitorLiveness
 
 log = logging.getLogger("agent.app")
 
+PART_UNHEALTHY_AFTER_SECONDS = 120.0
+"""A part failing (restarting) for longer than this makes ``/healthz`` fail (documented in the README)."""
+PART_STABLE_AFTER_SECONDS = 60.0
+"""A part that ran this long without failing ends its failure episode."""
+
 
 def create_backends(config: AgentConfig) -> list[Backend]:
     """Instantiate the configured backends; driver names must be unique across them."""
+    return create_backend_set(config)[0]
+
+
+def create_backend_set(config: AgentConfig) -> tuple[list[Backend], frozenset[str]]:
+    """The configured backends and the driver names of those marked ``optional=true``."""
     backends: list[Backend] = []
+    optional: set[str] = set()
     for spec in config.backends:
         factory = load_backend_factory(spec.name)
-        settings = dict(spec.settings)
+        settings = dict(spec.backend_settings)
         excluded = parse_exclusions(settings.pop(EXCLUDE_SETTING, ""))
         options = BackendOptions(config.node_name, spec.driver_name, settings, state_dir=config.state_dir)
-        backends.extend(exclude_devices(backend, excluded) for backend in factory(options))
+        created = [exclude_devices(backend, excluded) for backend in factory(options)]
+        backends.extend(created)
+        if spec.optional:
+            optional.update(b.driver_name for b in created)
     seen: set[str] = set()
     for backend in backends:
         if backend.driver_name in seen:
@@ -49,7 +65,45 @@ def create_backends(config: AgentConfig) -> list[Backend]:
                 "a distinct driver name per backend (set one with driver=...)",
             )
         seen.add(backend.driver_name)
-    return backends
+    return backends, frozenset(optional)
+
+
+class PartFailures:
+    """Which supervised parts keep failing, for ``/healthz`` (liveness).
+
+    A failure starts an episode; failures less than `stable_after` seconds apart continue it.
+    A part whose episode has lasted longer than `unhealthy_after` makes the agent unhealthy, so
+    the kubelet restarts a pod stuck on something a restart may fix; a part that then runs
+    `stable_after` seconds without failing is healthy again.
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        unhealthy_after: float = PART_UNHEALTHY_AFTER_SECONDS,
+        stable_after: float = PART_STABLE_AFTER_SECONDS,
+    ) -> None:
+        self._clock = clock
+        self.unhealthy_after = unhealthy_after
+        self._stable_after = stable_after
+        self._episodes: dict[str, tuple[float, float, str]] = {}  # name -> (since, last, error)
+
+    def failed(self, name: str, error: str) -> None:
+        """Record one failure of part `name`."""
+        now = self._clock.monotonic()
+        since, last, _ = self._episodes.get(name, (now, now, ""))
+        if now - last > self._stable_after:
+            since = now
+        self._episodes[name] = (since, now, error)
+
+    def health(self) -> tuple[bool, str]:
+        """(healthy, reason): unhealthy while a part has been failing longer than `unhealthy_after`."""
+        now = self._clock.monotonic()
+        for name, (since, last, error) in sorted(self._episodes.items()):
+            if now - last <= self._stable_after and now - since > self.unhealthy_after:
+                return False, f"{name} has been failing for {now - since:.0f}s: {error}"
+        return True, ""
 
 
 async def supervise(
@@ -59,6 +113,7 @@ async def supervise(
     *,
     initial_backoff: float = 0.5,
     max_backoff: float = 30.0,
+    failures: PartFailures | None = None,
 ) -> None:
     """Run `run` until cancelled; restart it with capped, jittered backoff when it fails or returns."""
     backoff = initial_backoff
@@ -67,7 +122,11 @@ async def supervise(
         try:
             await run()
             log.warning("component stopped; restarting", extra=log_fields(component=name))
+            if failures is not None:
+                failures.failed(name, "stopped")
         except Exception as error:
+            if failures is not None:
+                failures.failed(name, f"{type(error).__name__}: {error}")
             log.error(
                 "component failed; restarting",
                 extra=log_fields(
@@ -116,12 +175,19 @@ class Agent:
         clock: Clock | None = None,
         parts: PartsFactory | None = None,
         readiness: Readiness | None = None,
+        optional: Collection[str] = (),
+        unhealthy_after: float = PART_UNHEALTHY_AFTER_SECONDS,
     ) -> None:
         self.config = config
         self.readiness = readiness
         self.clock = clock or SystemClock()
         self.metrics = metrics or Metrics()
-        self.backends = list(backends) if backends is not None else create_backends(config)
+        if backends is None:
+            backends, optional = create_backend_set(config)
+        self.backends = list(backends)
+        self.optional = frozenset(optional)
+        """Driver names that are skipped, not fatal, when their library or devices are absent."""
+        self.failures = PartFailures(self.clock, unhealthy_after=unhealthy_after)
         self.drivers: dict[str, DriverRuntime] = {}
         for backend in self.backends:
             inventory = Inventory(backend.driver_name)
@@ -131,38 +197,56 @@ class Agent:
         self.started = anyio.Event()
 
     async def run(self) -> None:
-        """Start every backend and part; return only when cancelled (or a backend cannot start)."""
+        """Start every backend and part; return only when cancelled (or a required backend cannot start)."""
         started: list[Backend] = []
         try:
-            for runtime in self.drivers.values():
+            for runtime in list(self.drivers.values()):
                 try:
                     await runtime.backend.start()
-                except AgentError:
-                    raise
+                    started.append(runtime.backend)
+                    devices = await runtime.backend.discover()
                 except Exception as error:
+                    if runtime.driver in self.optional:
+                        await self._skip(runtime, f"backend cannot start: {error}", started)
+                        continue
+                    if isinstance(error, AgentError):
+                        raise
                     raise AgentError(f"backend for {runtime.driver} failed to start: {error}") from error
-                started.append(runtime.backend)
-                runtime.inventory.set_devices(await runtime.backend.discover())
+                if not devices and runtime.driver in self.optional:
+                    await self._skip(runtime, "no devices on this node", started)
+                    continue
+                runtime.inventory.set_devices(devices)
                 log.info(
                     "backend started",
                     extra=log_fields(driver=runtime.driver, devices=len(runtime.inventory.device_names())),
                 )
+            if not self.drivers:
+                log.warning("no backend serves this node: every backend is optional and absent")
             async with anyio.create_task_group() as tg:
                 for runtime in self.drivers.values():
                     self._start_driver(tg, runtime)
                 for part in self._parts(self) if self._parts else ():
-                    tg.start_soon(supervise, part.name, part.run, self.clock, name=part.name)
+                    tg.start_soon(self._supervise, part.name, part.run, name=part.name)
                 self.started.set()
         finally:
             with anyio.CancelScope(shield=True):
                 for backend in reversed(started):
-                    try:
-                        await backend.stop()
-                    except Exception as error:  # stop must not mask the real exit reason
-                        log.warning(
-                            "backend stop failed",
-                            extra=log_fields(driver=backend.driver_name, error=str(error)),
-                        )
+                    await _stop_backend(backend)
+
+    async def _skip(self, runtime: DriverRuntime, reason: str, started: list[Backend]) -> None:
+        """Leave out an optional backend that has nothing to serve on this node (said once)."""
+        log.info(
+            "optional backend not served on this node",
+            extra=log_fields(driver=runtime.driver, reason=reason),
+        )
+        del self.drivers[runtime.driver]
+        self.backends.remove(runtime.backend)
+        if runtime.backend in started:
+            started.remove(runtime.backend)
+            await _stop_backend(runtime.backend)
+
+    async def _supervise(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        await supervise(name, run, self.clock, failures=self.failures)
 
     def _start_driver(self, tg: TaskGroup, runtime: DriverRuntime) -> None:
         driver = runtime.driver
@@ -184,7 +268,14 @@ class Agent:
             ("rediscovery", rediscover),
         ]
         for name, part in parts:
-            tg.start_soon(supervise, f"{driver}/{name}", part, self.clock, name=f"{driver}/{name}")
+            tg.start_soon(self._supervise, f"{driver}/{name}", part, name=f"{driver}/{name}")
+
+
+async def _stop_backend(backend: Backend) -> None:
+    try:
+        await backend.stop()
+    except Exception as error:  # stop must not mask the real exit reason
+        log.warning("backend stop failed", extra=log_fields(driver=backend.driver_name, error=str(error)))
 
 
 async def run_until_signal(agent: Agent) -> None:

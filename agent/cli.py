@@ -66,7 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     devices.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
     demo = sub.add_parser("demo", help="run the agent on the fake backend against an in-process API emulator")
     demo.add_argument("--profile", default="mixed", help="fake backend profile (default mixed)")
-    demo.add_argument("--kube-version", default="1.34", help="Kubernetes version the emulator plays")
+    demo.add_argument(
+        "--kube-version",
+        default=None,
+        help="Kubernetes version the emulator plays (1.34; 1.36 with --sharing)",
+    )
+    demo.add_argument(
+        "--sharing", action="store_true", help="also show two MPS claims sharing one GPU (consumable shares)"
+    )
     demo.add_argument("--taint-hold", type=float, default=2.0, help="seconds before a taint is lifted")
     demo.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     explain = sub.add_parser("explain", help="why a ResourceClaim gets (or not) this node's devices")
@@ -164,7 +171,10 @@ def _main(argv: Sequence[str] | None) -> int:
             from agent.demo import DemoOptions, run_demo
 
             options = DemoOptions(
-                profile=args.profile, kube_version=args.kube_version, hold_seconds=args.taint_hold
+                profile=args.profile,
+                kube_version=args.kube_version or ("1.36" if args.sharing else "1.34"),
+                hold_seconds=args.taint_hold,
+                sharing=args.sharing,
             )
             anyio.run(run_demo, sys.stdout, options)
             return 0

@@ -22,6 +22,8 @@ from agent.observe.httpserver import DEFAULT_METRICS_PORT
 """Ours: clashes neither with dcgm-exporter (9400) nor with AMD's metrics exporter (5000)."""
 
 KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "none")
+OPTIONAL_SETTING = "optional"
+"""Backend setting for mixed fleets: ``optional=true`` skips a backend whose library or devices are absent."""
 _BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
@@ -35,6 +37,16 @@ class BackendSpec:
     @property
     def driver_name(self) -> str | None:
         return self.settings.get("driver")
+
+    @property
+    def optional(self) -> bool:
+        """``optional=true``: absent library or devices on this node skip the backend instead of failing."""
+        return self.settings.get(OPTIONAL_SETTING) == "true"
+
+    @property
+    def backend_settings(self) -> dict[str, str]:
+        """The settings the backend itself reads (the agent's own ``optional`` left out)."""
+        return {k: v for k, v in self.settings.items() if k != OPTIONAL_SETTING}
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,8 @@ def parse_backend_spec(text: str) -> BackendSpec:
         if not eq or not key:
             raise ConfigError("--backend", text, f"key=value settings after ':', got {item!r}")
         settings[key.strip()] = value.strip()
+    if settings.get(OPTIONAL_SETTING, "true") not in ("true", "false"):
+        raise ConfigError("--backend", text, f"{OPTIONAL_SETTING}=true or {OPTIONAL_SETTING}=false")
     driver = settings.get("driver")
     if driver is not None and (problem := check_driver_name(driver)):
         raise ConfigError("--backend", text, f"a driver name that {problem}")
@@ -107,8 +121,9 @@ def _seconds(flag: str, minimum: float = 0.0) -> Callable[[str], float]:
             value = float(text)
         except ValueError:
             raise ConfigError(flag, text, "a number of seconds") from None
-        if math.isnan(value) or value < minimum:
-            raise ConfigError(flag, text, f"a number of seconds >= {minimum}")
+        # inf would never lift a taint or never publish: a finite bound is always meant.
+        if not math.isfinite(value) or value < minimum:
+            raise ConfigError(flag, text, f"a finite number of seconds >= {minimum}")
         return value
 
     return parse

@@ -18,8 +18,10 @@ Everything lives in a temporary directory and is removed at the end. `run_demo` 
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -66,6 +68,8 @@ class DemoReport:
     cdi_spec: dict[str, Any] = field(default_factory=dict)
     cdi_removed: bool = False
     unprepare: dict[str, Any] = field(default_factory=dict)
+    shares: dict[str, Any] = field(default_factory=dict)
+    """``--sharing``: the two claims' prepare answer, their MPS environment and the daemon's record."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,9 @@ class DemoOptions:
     value: str = "79"
     hold_seconds: float = 2.0
     step_timeout: float = 20.0
+    sharing: bool = False
+    """Publish with consumable-shares=memory and show two MPS claims sharing `share_device`."""
+    share_device: str = "gpu-2"
 
 
 class _Printer:
@@ -154,7 +161,10 @@ def _allocate(emu: KubeApiEmulator, options: DemoOptions) -> dict[str, Any]:
 
 def demo_config(root: Path, kubeconfig: Path, options: DemoOptions) -> AgentConfig:
     """The agent's config for the demo: everything under `root`, short hold time."""
-    fake = BackendSpec("fake", {"profile": options.profile, "control": str(root / "fake.sock")})
+    settings = {"profile": options.profile, "control": str(root / "fake.sock")}
+    if options.sharing:
+        settings["consumable-shares"] = "memory"
+    fake = BackendSpec("fake", settings)
     return replace(
         AgentConfig(),
         node_name=DEMO_NODE,
@@ -235,6 +245,8 @@ class _Walkthrough:
         await self.fault()
         await self.register()
         await self.prepare()
+        if options.sharing:
+            await self.share()
         p.step("done: the agent shuts down, its sockets and the demo directory are removed")
         return self.report
 
@@ -352,6 +364,90 @@ class _Walkthrough:
         state = self.parts.states.get(driver)
         left = len(state.prepared_claims()) if state is not None else 0
         p.line(f"CDI spec removed: {report.cdi_removed}; prepared claims left: {left}")
+
+    async def share(self) -> None:
+        """Two claims with MPS and memory shares of one GPU: share IDs, per-claim limits, one daemon."""
+        p, options, report, config = self.p, self.options, self.report, self.config
+        driver, device = options.driver, options.share_device
+        claims = []
+        for name, memory in (("share-a", "20Gi"), ("share-b", "30Gi")):
+            meta = _allocate_share(self.emu, driver, device, name, memory)["metadata"]
+            claims.append(dra_v1.Claim(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"]))
+            p.step(f"scheduler: {meta['namespace']}/{name} gets a {memory} share of {driver}/{device} (MPS)")
+        dra_socket, _ = self.sockets(driver)
+        async with Channel(path=str(dra_socket)) as channel:
+            dra = dra_v1.DraPluginStub(channel, timeout=30.0)
+            p.step("kubelet: NodePrepareResources for both claims")
+            prepared = await dra.node_prepare_resources(dra_v1.NodePrepareResourcesRequest(claims=claims))
+            answers = prepared.to_dict()
+            p.yaml(answers)
+            errors = [a.error for a in prepared.claims.values() if a.error]
+            if errors:
+                raise DemoError(f"demo: shared prepare failed: {errors[0]}")
+            env = {}
+            for claim in claims:
+                spec = _load_spec((config.cdi_root / f"k8s.{driver}-claim_{claim.uid}.yaml").read_text())
+                env[claim.name] = [
+                    line
+                    for d in spec["devices"]
+                    for line in d["containerEdits"].get("env", [])
+                    if "MPS" in line
+                ]
+            p.step("the claims' CDI specs: the MPS pipe and each share's pinned-memory limit")
+            p.yaml(env)
+            records = list((config.state_dir / "fake-sharing").rglob("daemon-state.json"))
+            daemon = json.loads(records[0].read_text()) if len(records) == 1 else {}
+            p.step(f"one MPS control daemon (the fake backend's stand-in) serves {device}")
+            p.yaml(daemon)
+            report.shares = {"prepare": answers, "env": env, "daemon": daemon, "daemons": len(records)}
+            await dra.node_unprepare_resources(dra_v1.NodeUnprepareResourcesRequest(claims=claims))
+        left = list((config.state_dir / "fake-sharing").rglob("daemon.json"))
+        report.shares["daemons_after"] = len(left)
+        p.line(f"both claims unprepared; MPS daemons left: {len(left)}")
+
+
+def _allocate_share(emu: KubeApiEmulator, driver: str, device: str, name: str, memory: str) -> dict[str, Any]:
+    """Play the scheduler for a memory share with NVIDIA's MPS config."""
+    config = {
+        "opaque": {
+            "driver": driver,
+            "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+            },
+        }
+    }
+    request = {
+        "name": "gpu",
+        "exactly": {"deviceClassName": driver, "capacity": {"requests": {"memory": memory}}},
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": DEMO_NAMESPACE},
+        "spec": {"devices": {"requests": [request], "config": [config]}},
+    }
+    created = emu.create("resourceclaims", claim, namespace=DEMO_NAMESPACE)
+    result = {
+        "request": "gpu",
+        "driver": driver,
+        "pool": DEMO_NODE,
+        "device": device,
+        "shareID": str(uuid.uuid4()),
+        "consumedCapacity": {"memory": memory},
+    }
+    created["status"] = {
+        "allocation": {
+            "devices": {"results": [result], "config": [{"source": "FromClaim", **config}]},
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [DEMO_NODE]}]}
+                ]
+            },
+        }
+    }
+    return emu.update("resourceclaims", created, namespace=DEMO_NAMESPACE, subresource="status")
 
 
 def _load_spec(text: str) -> dict[str, Any]:

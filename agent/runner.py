@@ -10,24 +10,28 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
 import yaml
 
-from agent.app import Agent, DriverRuntime, Part, create_backends, run_until_signal
+from agent.app import Agent, DriverRuntime, Part, create_backend_set, run_until_signal
+from agent.claims.filelock import FileLock
 from agent.claims.state import DeviceState
 from agent.config import AgentConfig
 from agent.core.backend import Backend
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import KubeApiError
 from agent.core.exclusion import ExcludingBackend
-from agent.health.taints import ClusterTaintSupport, TaintPolicy
+from agent.core.logs import log_fields
+from agent.core.model import HealthCondition, Severity
+from agent.health.taints import EFFECT_NONE, ClusterTaintSupport, TaintPolicy
 from agent.kube.client import KubeClient
 from agent.kube.events import EventRecorder
 from agent.kube.pool import build_pool
+from agent.kube.published import published_taints
 from agent.kube.publisher import SlicePublisher
 from agent.kubelet.deviceplugins import device_plugins_dir, report_device_plugins
 from agent.kubelet.plugin import KubeletPlugin
@@ -38,8 +42,12 @@ from agent.observe.httpserver import MetricsServer
 from agent.observe.metrics import Metrics
 from agent.observe.readiness import Readiness
 from agent.observe.telemetry import TelemetryPoller
+from agent.preflight import preflight
 
 log = logging.getLogger("agent.runner")
+
+PUBLISH_LOCK_NAME = "publish.lock"
+PUBLISH_LOCK_POLL_SECONDS = 0.1
 
 
 class NoApiServer:
@@ -78,9 +86,11 @@ class AgentParts:
         self.states: dict[str, DeviceState] = {}
         self.metrics_port: int | None = None
         self.workloads: WorkloadAttribution | None = None
+        self._liveness: Callable[[], tuple[bool, str]] | None = None
         self.events = EventRecorder(kube, config.node_name, clock=clock, metrics=metrics) if kube else None
 
     def __call__(self, agent: Agent) -> Sequence[Part]:
+        self._liveness = agent.failures.health
         parts = [Part("metrics-server", self._serve_metrics)]
         if self.config.serve_kubelet:
             self.workloads = WorkloadAttribution(
@@ -126,7 +136,7 @@ class AgentParts:
                 on_published=functools.partial(self.readiness.set, check),
             )
             self.publishers[driver] = publisher
-            parts.append(Part(f"{driver}/publisher", publisher.run))
+            parts.append(Part(f"{driver}/publisher", lambda: self._publish(runtime, publisher, check)))
         if config.serve_kubelet:
             parts.append(Part(f"{driver}/kubelet", lambda: self._serve_kubelet(runtime)))
         return parts
@@ -187,8 +197,69 @@ class AgentParts:
                 excluding=isinstance(runtime.backend, ExcludingBackend),
             )
 
+    async def _publish(self, runtime: DriverRuntime, publisher: SlicePublisher, check: str) -> None:
+        """Publish the driver's pool: alone on the node, and only after restoring what was published.
+
+        With a pod UID (the DaemonSet), two agent pods run side by side during a rolling update;
+        only the one holding ``<plugins-dir>/<driver>/publish.lock`` publishes, the other serves
+        the kubelet and stands by until the lock is free (the old pod exited). The taints already
+        in our slices seed the health tracker at start (the kubelet's health stream sees them
+        too) and again on taking over, before the first write.
+        """
+        assert self.kube is not None
+        lock = None
+        if self.config.pod_uid:
+            lock = FileLock(
+                self.config.plugins_dir / runtime.driver / PUBLISH_LOCK_NAME,
+                clock=self.clock,
+                poll_interval=PUBLISH_LOCK_POLL_SECONDS,
+            )
+        held = False
+        try:
+            await self._seed(runtime)
+            if lock is not None:
+                if not await lock.try_acquire():
+                    log.info(
+                        "another agent pod publishes this pool; standing by until it exits",
+                        extra=log_fields(driver=runtime.driver, lock=str(lock.path)),
+                    )
+                    # Ready: a rolling update waits for this pod before it stops the old one.
+                    self.readiness.set(check, True, "standby: another agent pod on this node publishes")
+                    await lock.acquire()
+                    log.info("taking over publishing", extra=log_fields(driver=runtime.driver))
+                    await self._seed(runtime)  # what the old pod published last
+                held = True
+            await publisher.run()
+        finally:
+            if lock is not None:
+                if held:
+                    lock.release()
+                lock.close()
+
+    async def _seed(self, runtime: DriverRuntime) -> None:
+        """Hold the taints an earlier agent process published, as conditions of the health tracker."""
+        assert self.kube is not None
+        prefix = f"{runtime.driver}/"
+        taints = await published_taints(self.kube, node_name=self.config.node_name, driver=runtime.driver)
+        for taint in taints:
+            if not taint.key.startswith(prefix):
+                continue  # not a key of ours
+            since = taint.time_added if taint.time_added is not None else self.clock.time()
+            # The policy maps the condition back to the same effect; the severity only ranks it.
+            severity = Severity.INFO if taint.effect == EFFECT_NONE else Severity.CRITICAL
+            condition = HealthCondition(
+                taint.key[len(prefix) :], severity, taint.value, "held from before the agent restarted", since
+            )
+            runtime.tracker.seed(taint.device, condition)
+
     async def _serve_metrics(self) -> None:
-        server = MetricsServer(self.config.metrics_address, self.metrics, self.readiness, clock=self.clock)
+        server = MetricsServer(
+            self.config.metrics_address,
+            self.metrics,
+            self.readiness,
+            clock=self.clock,
+            liveness=self._liveness,
+        )
         await server.run()
 
     async def _print_slices(self, agent: Agent) -> None:
@@ -235,16 +306,24 @@ async def run_agent(config: AgentConfig) -> None:
     clock = SystemClock()
     metrics = Metrics()
     policy = load_policy(config.taint_policy)
-    backends = create_backends(config)
+    await anyio.to_thread.run_sync(preflight, config)
+    backends, optional = create_backend_set(config)
     kube = await connect_kube(config)
     try:
         readiness = Readiness()
         parts = AgentParts(
             config, kube=kube, metrics=metrics, readiness=readiness, clock=clock, policy=policy
         )
-        await run_until_signal(
-            Agent(config, backends=backends, metrics=metrics, clock=clock, parts=parts, readiness=readiness)
+        agent = Agent(
+            config,
+            backends=backends,
+            optional=optional,
+            metrics=metrics,
+            clock=clock,
+            parts=parts,
+            readiness=readiness,
         )
+        await run_until_signal(agent)
     finally:
         if kube is not None:
             await kube.close()

@@ -16,6 +16,7 @@ BENCHMARKS = [
     ("benchmarks.agent_bench", True),
     ("benchmarks.publish_bench", True),
     ("benchmarks.prepare_bench", True),
+    ("benchmarks.sharing_bench", True),
     ("benchmarks.kubelet_e2e_bench", True),
     ("benchmarks.grpc_bench", True),
     ("benchmarks.scrape_bench", False),

@@ -291,3 +291,19 @@ def test_run_shuts_down_cleanly_on_sigterm(root: Path) -> None:
     # Every socket of ours is gone; nothing is left half-written.
     assert not reg_socket.exists() and not control.exists()
     assert not list((root / "plugins").rglob("*.sock"))
+
+
+async def test_demo_sharing_shows_two_mps_shares_of_one_gpu() -> None:
+    import io
+
+    report = await run_demo(io.StringIO(), DemoOptions(hold_seconds=1.5, kube_version="1.36", sharing=True))
+    shares = report.shares
+    answers = shares["prepare"]["claims"]
+    share_ids = {d["shareId"] for a in answers.values() for d in a["devices"]}
+    assert len(answers) == 2 and len(share_ids) == 2
+    limits = sorted(line for lines in shares["env"].values() for line in lines if "PINNED" in line)
+    assert [line.rsplit("=", 1)[1] for line in limits] == ["20480M", "30720M"]
+    assert shares["daemons"] == 1 and shares["daemon"]["defaultActiveThreadPercentage"] == 50
+    assert shares["daemons_after"] == 0
+    nvidia = next(s for s in report.slices if s["spec"]["driver"] == "gpu.nvidia.com")
+    assert all(d["allowMultipleAllocations"] is True for d in nvidia["spec"]["devices"])

@@ -35,7 +35,15 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "agent.emulator": ("agent.core", "agent.emulator"),
     "backends": ("agent.core",),
 }
-PROCESS_MODULES = {"agent.app", "agent.runner", "agent.config", "agent.cli", "agent.demo", "agent.__init__"}
+PROCESS_MODULES = {
+    "agent.app",
+    "agent.runner",
+    "agent.config",
+    "agent.preflight",
+    "agent.cli",
+    "agent.demo",
+    "agent.__init__",
+}
 LAYER_PACKAGES = ("core", "observe", "health", "claims", "kube", "kubelet")
 
 

@@ -32,6 +32,7 @@ from agent.claims.atomicfile import TEMP_SUFFIX, write_atomic
 from agent.core.boundedfile import MIB, BoundedFileError, decode_utf8, parse_json, read_bytes
 from agent.core.errors import AgentError
 from agent.core.logs import log_fields
+from agent.core.sharing import OpaqueConfig
 
 log = logging.getLogger("agent.claims.checkpoint")
 
@@ -58,6 +59,10 @@ class CheckpointDevice:
     requests: tuple[str, ...] = ()
     share_id: str | None = None
     cdi_device_ids: tuple[str, ...] = ()
+    consumed: tuple[tuple[str, str], ...] = ()
+    """The allocation's ``consumedCapacity`` (name, quantity) of a shared device."""
+    config: OpaqueConfig | None = None
+    """The opaque config that applies to the device, recorded so a restart can resume its sharing."""
 
 
 @dataclass(frozen=True)
@@ -97,17 +102,24 @@ def entry_json(entry: ClaimEntry) -> dict[str, Any]:
         "namespace": entry.namespace,
         "name": entry.name,
         "state": entry.phase.value,
-        "devices": [
-            {
-                "pool": d.pool,
-                "device": d.device,
-                "requests": list(d.requests),
-                "shareID": d.share_id,
-                "cdiDeviceIDs": list(d.cdi_device_ids),
-            }
-            for d in entry.devices
-        ],
+        "devices": [_device_json(d) for d in entry.devices],
     }
+
+
+def _device_json(device: CheckpointDevice) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "pool": device.pool,
+        "device": device.device,
+        "requests": list(device.requests),
+        "shareID": device.share_id,
+        "cdiDeviceIDs": list(device.cdi_device_ids),
+    }
+    # Only when set: entries of unshared, unconfigured devices keep the format they always had.
+    if device.consumed:
+        out["consumedCapacity"] = dict(device.consumed)
+    if device.config is not None:
+        out["config"] = device.config.to_json()
+    return out
 
 
 def _checksum(boot_id: str, entries: Mapping[str, Any]) -> str:
@@ -143,6 +155,8 @@ def entry_from_json(uid: str, raw: Mapping[str, Any]) -> ClaimEntry:
             requests=_strs(d.get("requests", [])),
             share_id=None if d.get("shareID") is None else str(d["shareID"]),
             cdi_device_ids=_strs(d.get("cdiDeviceIDs", [])),
+            consumed=tuple(sorted((str(k), str(v)) for k, v in (d.get("consumedCapacity") or {}).items())),
+            config=OpaqueConfig.from_json(d["config"]) if d.get("config") is not None else None,
         )
         for d in raw["devices"]
     )

@@ -48,6 +48,8 @@ class FileLock:
     def _open(self) -> int:
         if self._fd is None:
             try:
+                # On a fresh node the plugin data directory does not exist yet.
+                self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             except OSError as error:
                 raise FileLockError(
@@ -82,6 +84,18 @@ class FileLock:
         except BaseException:
             self._local.release()
             raise
+
+    async def try_acquire(self) -> bool:
+        """Take the lock if it is free now; False (nothing held) when another holder has it."""
+        await self._local.acquire()
+        try:
+            if self._try_lock(self._open()):
+                return True
+        except BaseException:
+            self._local.release()
+            raise
+        self._local.release()
+        return False
 
     def release(self) -> None:
         """Release the lock."""

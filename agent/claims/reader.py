@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.backend import ClaimRef
-from agent.core.errors import AgentError, ClaimRequestError
+from agent.core.errors import AgentError, ClaimRequestError, QuantityError
+from agent.core.quantity import Quantity
+from agent.core.sharing import SOURCE_CLAIM, SOURCE_CLASS, OpaqueConfig
 
 MAX_RESULTS = 32
 """`AllocationResultsMaxSize` of the API: more results than this is not a claim the API server wrote."""
@@ -40,6 +42,8 @@ class AllocatedDevice:
     """Base request names, in allocation order, without duplicates."""
     share_id: str | None = None
     admin_access: bool = False
+    consumed: tuple[tuple[str, str], ...] = ()
+    """``consumedCapacity`` of the result: (capacity name, canonical quantity), sorted."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ def parse_allocation(ref: ClaimRef, claim: Mapping[str, Any], *, driver: str, po
     allocated on another node) or is malformed.
     """
     grouped: dict[tuple[str, str, str | None], tuple[list[str], bool]] = {}
+    consumed: dict[tuple[str, str, str | None], tuple[tuple[str, str], ...]] = {}
     for result in _results(ref, claim):
         if result["driver"] != driver:
             continue
@@ -137,8 +142,105 @@ def parse_allocation(ref: ClaimRef, claim: Mapping[str, Any], *, driver: str, po
         if base not in requests:
             requests.append(base)
         grouped[key] = (requests, admin or result.get("adminAccess") is True)
+        if result.get("consumedCapacity") is not None:
+            consumed[key] = _consumed(ref, result["consumedCapacity"])
     devices = tuple(
-        AllocatedDevice(pool=p, device=d, requests=tuple(reqs), share_id=s, admin_access=admin)
+        AllocatedDevice(
+            pool=p,
+            device=d,
+            requests=tuple(reqs),
+            share_id=s,
+            admin_access=admin,
+            consumed=consumed.get((p, d, s), ()),
+        )
         for (p, d, s), (reqs, admin) in grouped.items()
     )
     return AllocatedClaim(ref=ref, devices=devices)
+
+
+def _consumed(ref: ClaimRef, raw: object) -> tuple[tuple[str, str], ...]:
+    """A result's ``consumedCapacity``; a negative value (the API server lets one through) is refused."""
+    if not isinstance(raw, Mapping):
+        raise ClaimAllocationError(f"claim {claim_key(ref)}: consumedCapacity is not an object", "invalid")
+    out = []
+    for name, value in sorted(raw.items()):
+        try:
+            quantity = Quantity.parse(value if isinstance(value, str | int) else str(value))
+        except QuantityError as error:
+            raise ClaimAllocationError(
+                f"claim {claim_key(ref)}: consumedCapacity[{name}]: {error}", "invalid"
+            ) from None
+        if quantity.value < 0:
+            raise ClaimAllocationError(
+                f"claim {claim_key(ref)}: consumedCapacity[{name}] is {value!r}: a share cannot consume a "
+                "negative quantity; request a positive capacity in the claim",
+                "invalid",
+            )
+        out.append((str(name), quantity.canonical()))
+    return tuple(out)
+
+
+def _request_names(claim: Mapping[str, Any]) -> set[str] | None:
+    """The claim's request names (``gpu`` and ``gpu/sub`` for subrequests); None when the spec is absent."""
+    devices = _mapping((_mapping(claim.get("spec")) or {}).get("devices"))
+    if devices is None or not isinstance(devices.get("requests"), list):
+        return None
+    names: set[str] = set()
+    for request in devices["requests"]:
+        entry = _mapping(request) or {}
+        name = str(entry.get("name", ""))
+        names.add(name)
+        subs = entry.get("firstAvailable")
+        for sub in subs if isinstance(subs, list) else []:
+            if isinstance(sub, Mapping):
+                names.add(f"{name}/{sub.get('name', '')}")
+    return names
+
+
+def parse_device_configs(ref: ClaimRef, claim: Mapping[str, Any], *, driver: str) -> tuple[OpaqueConfig, ...]:
+    """The opaque configs of `driver` in ``status.allocation.devices.config``, in order (last wins).
+
+    The scheduler writes the DeviceClass's configs (``FromClass``) before the claim's
+    (``FromClaim``). Raises `ClaimAllocationError` (reason ``config``) for an entry of our driver
+    whose parameters are not an object, or that names a request the claim does not have.
+    """
+    allocation = _mapping((_mapping(claim.get("status")) or {}).get("allocation")) or {}
+    raw = (_mapping(allocation.get("devices")) or {}).get("config") or []
+    if not isinstance(raw, list):
+        raise ClaimAllocationError(
+            f"claim {claim_key(ref)}: status.allocation.devices.config is not a list", "config"
+        )
+    known = _request_names(claim)
+    configs: list[OpaqueConfig] = []
+    for index, item in enumerate(raw):
+        entry = _mapping(item) or {}
+        opaque = _mapping(entry.get("opaque"))
+        if opaque is None or opaque.get("driver") != driver:
+            continue
+        where = f"status.allocation.devices.config[{index}]"
+        parameters = opaque.get("parameters")
+        if not isinstance(parameters, Mapping):
+            raise ClaimAllocationError(
+                f"claim {claim_key(ref)}: {where}.opaque.parameters must be an object "
+                "(apiVersion, kind and the driver's fields)",
+                "config",
+            )
+        requests = entry.get("requests") or []
+        if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
+            raise ClaimAllocationError(
+                f"claim {claim_key(ref)}: {where}.requests must be a list of names", "config"
+            )
+        unknown = [r for r in requests if known is not None and r not in known]
+        if unknown:
+            raise ClaimAllocationError(
+                f"claim {claim_key(ref)}: {where}.requests names {unknown[0]!r}, which is not a request of "
+                f"the claim (its requests: {', '.join(sorted(known or ())) or 'none'})",
+                "config",
+            )
+        source = SOURCE_CLASS if entry.get("source") == SOURCE_CLASS else SOURCE_CLAIM
+        configs.append(
+            OpaqueConfig(
+                driver=driver, parameters=parameters, source=source, requests=tuple(requests), index=index
+            )
+        )
+    return tuple(configs)

@@ -40,12 +40,26 @@ from agent.claims.checkpoint import (
 )
 from agent.claims.filelock import FileLock
 from agent.claims.preparer import ClaimSource, PreparedDevice, PrepareResult
-from agent.claims.reader import ClaimAllocationError, check_claim, claim_key, parse_allocation
+from agent.claims.reader import (
+    ClaimAllocationError,
+    check_claim,
+    claim_key,
+    parse_allocation,
+    parse_device_configs,
+)
 from agent.claims.recovery import rebuild_from_specs
 from agent.core.backend import Backend, ClaimRef, ContainerEdits
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ClaimRequestError, DeviceNotFoundError, KubeApiError
 from agent.core.logs import log_fields
+from agent.core.quantity import Quantity
+from agent.core.sharing import (
+    DeviceConfigError,
+    DeviceShare,
+    ShareConflictError,
+    SharingBackend,
+    select_config,
+)
 from agent.observe.metrics import Children, Metrics
 
 log = logging.getLogger("agent.claims.state")
@@ -108,6 +122,16 @@ class _Lookup:
     """True: the same claim exists; False: deleted or replaced; None: unknown (API unreachable)."""
 
 
+def _share(ref: ClaimRef, device: CheckpointDevice) -> DeviceShare:
+    return DeviceShare(
+        device=device.device,
+        claim=ref,
+        share_id=device.share_id,
+        consumed={name: Quantity.parse(value) for name, value in device.consumed},
+        config=device.config,
+    )
+
+
 def _api_error_code(error: Exception) -> str:
     status = getattr(error, "status", 0)
     if status == 404:
@@ -159,6 +183,8 @@ class DeviceState:
         self._holders = 0
         self._claim_locks: dict[str, tuple[anyio.Lock, int]] = {}
         self._calls = 0
+        self._device_locks: dict[str, anyio.Lock] = {}
+        """Shares of one device are set up and torn down one at a time (first/last user)."""
         self._released: set[str] = set()
         """Claims whose unprepare released the backend but could not drop the entry."""
 
@@ -181,6 +207,7 @@ class DeviceState:
                 )
             # Rebuilt entries get their specs rewritten too: the boot they were written in is unknown.
             await self._reconcile(boot_changed, rebuilt=outcome.problem is not None)
+            await self._resume_shares()
             try:
                 await self.store.flush()
             except CheckpointWriteError as error:
@@ -281,6 +308,7 @@ class DeviceState:
     async def _prepare_claim(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PrepareResult:
         try:
             allocated = parse_allocation(ref, claim, driver=self.driver, pool=self.node_name)
+            configs = parse_device_configs(ref, claim, driver=self.driver)
         except ClaimAllocationError as error:
             raise _ClaimFailure(str(error), error.reason) from error
         if not allocated.devices:
@@ -306,7 +334,14 @@ class DeviceState:
                 name=ref.name,
                 phase=ClaimPhase.STARTED,
                 devices=tuple(
-                    CheckpointDevice(pool=d.pool, device=d.device, requests=d.requests, share_id=d.share_id)
+                    CheckpointDevice(
+                        pool=d.pool,
+                        device=d.device,
+                        requests=d.requests,
+                        share_id=d.share_id,
+                        consumed=d.consumed,
+                        config=select_config(configs, d.requests),
+                    )
                     for d in allocated.devices
                 ),
             )
@@ -364,9 +399,18 @@ class DeviceState:
         self, ref: ClaimRef, devices: Sequence[CheckpointDevice]
     ) -> list[ContainerEdits]:
         edits: list[ContainerEdits] = []
-        for device in devices:
+        for index, device in enumerate(devices):
             try:
-                edits.append(await self.backend.prepare(device.device, ref))
+                if isinstance(self.backend, SharingBackend):
+                    async with self._device_lock(device.device):
+                        share = _share(ref, device)
+                        peers = self._peers(ref, devices, index)
+                        edits.append(await self.backend.prepare_share(share, peers))
+                else:
+                    edits.append(await self.backend.prepare(device.device, ref))
+            except (DeviceConfigError, ShareConflictError) as error:
+                reason = "config" if isinstance(error, DeviceConfigError) else "share_conflict"
+                raise _ClaimFailure(str(error), reason) from error
             except DeviceNotFoundError as error:
                 raise _ClaimFailure(
                     f"prepare claim {claim_key(ref)}: unknown device {device.device!r}: {error}",
@@ -423,9 +467,10 @@ class DeviceState:
     async def _undo(self, ref: ClaimRef, entry: ClaimEntry, *, reason: str) -> bool:
         """Unprepare devices, remove spec and entry, logging failures; True when all of it worked."""
         clean = True
-        for device in reversed(entry.devices):
+        for index in reversed(range(len(entry.devices))):
+            device = entry.devices[index]
             try:
-                await self.backend.unprepare(device.device, ref)
+                await self._backend_unprepare(ref, entry, index)
             except Exception as error:
                 clean = False
                 log.error(
@@ -446,6 +491,55 @@ class DeviceState:
                 clean = False
                 log.error("cannot drop checkpoint entry", extra=log_fields(uid=ref.uid, error=str(error)))
         return clean
+
+    async def _backend_unprepare(self, ref: ClaimRef, entry: ClaimEntry, index: int) -> None:
+        """Unprepare device `index` of `entry` (devices go in reverse order, so earlier ones are peers)."""
+        device = entry.devices[index]
+        if not isinstance(self.backend, SharingBackend):
+            await self.backend.unprepare(device.device, ref)
+            return
+        async with self._device_lock(device.device):
+            await self.backend.unprepare_share(_share(ref, device), self._peers(ref, entry.devices, index))
+
+    def _peers(self, ref: ClaimRef, devices: Sequence[CheckpointDevice], index: int) -> list[DeviceShare]:
+        """The other shares of ``devices[index]``'s device: other claims' and this claim's earlier ones.
+
+        Derived from the checkpoint, so reference counting needs no counter of its own and
+        survives a restart: a device is set up for its first share and torn down after its last.
+        """
+        name = devices[index].device
+        peers = [
+            _share(ClaimRef(e.namespace, e.name, e.uid), d)
+            for e in self.store.entries().values()
+            if e.uid != ref.uid
+            for d in e.devices
+            if d.device == name
+        ]
+        return peers + [_share(ref, d) for d in devices[:index] if d.device == name]
+
+    @asynccontextmanager
+    async def _device_lock(self, device: str) -> AsyncIterator[None]:
+        lock = self._device_locks.setdefault(device, anyio.Lock())
+        async with lock:
+            yield
+
+    async def _resume_shares(self) -> None:
+        """Tell a sharing backend which shares survived the restart (it re-adopts or undoes its set-up)."""
+        if not isinstance(self.backend, SharingBackend):
+            return
+        shares = [
+            _share(ClaimRef(e.namespace, e.name, e.uid), d)
+            for e in self.store.entries().values()
+            if e.phase is ClaimPhase.COMPLETED
+            for d in e.devices
+        ]
+        try:
+            await self.backend.resume_shares(shares)
+        except Exception as error:  # the shares stay prepared; the next prepare of a device repairs it
+            log.error(
+                "cannot resume the shared devices' set-up",
+                extra=log_fields(driver=self.driver, error=repr(error)),
+            )
 
     def _result(self, entry: ClaimEntry) -> PrepareResult:
         return PrepareResult(
@@ -498,9 +592,10 @@ class DeviceState:
                 return
             owner = ClaimRef(entry.namespace, entry.name, entry.uid)
             self._step(Step.UNPREPARE_BEFORE_BACKEND_UNPREPARE, ref.uid)
-            for device in reversed(entry.devices):
+            for index in reversed(range(len(entry.devices))):
+                device = entry.devices[index]
                 try:
-                    await self.backend.unprepare(device.device, owner)
+                    await self._backend_unprepare(owner, entry, index)
                 except Exception as error:
                     # Keep the entry: the kubelet retries unprepare and we redo it.
                     raise _ClaimFailure(

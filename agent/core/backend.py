@@ -218,6 +218,7 @@ class BackendOptions:
     driver_name: str | None = None
     settings: Mapping[str, str] = field(default_factory=dict)
     state_dir: Path | None = None
+    """Where the backend may keep what must survive an agent restart (None: nowhere)."""
 
 
 class BackendFactory(Protocol):

@@ -5,6 +5,10 @@ it and wraps the backend in `ExcludingBackend`, which leaves the named devices (
 or by UUID, joined with ``+``) out of discovery, and so out of the slices, and out of telemetry,
 and refuses to prepare them. Unprepare passes through: a claim prepared before the exclusion
 must still be released.
+
+A device consuming a counter set carried by an excluded device is excluded too (the MIG
+placements of an excluded partitionable GPU): its counter set is no longer published, and the
+API server refuses a device that consumes from a set the pool does not define.
 """
 
 from __future__ import annotations
@@ -58,7 +62,11 @@ class ExcludingBackend:
 
     async def discover(self) -> Sequence[Device]:
         devices = await self.inner.discover()
-        hidden = frozenset(d.name for d in devices if d.name in self.excluded or d.uuid in self.excluded)
+        named = [d for d in devices if d.name in self.excluded or d.uuid in self.excluded]
+        gone_sets = {s.name for d in named for s in d.counter_sets}
+        hidden = frozenset(d.name for d in named) | frozenset(
+            d.name for d in devices if any(c.counter_set in gone_sets for c in d.consumes_counters)
+        )
         self._hidden = hidden
         if hidden != self._reported:
             self._reported = hidden

@@ -180,6 +180,31 @@ class CounterConsumption:
 
 
 @dataclass(frozen=True)
+class RequestPolicy:
+    """A capacity's ``requestPolicy`` (consumable capacity): a default and a range or a list of values."""
+
+    default: Quantity
+    min: Quantity | None = None
+    max: Quantity | None = None
+    step: Quantity | None = None
+    values: tuple[Quantity, ...] = ()
+
+    def to_api(self) -> dict[str, object]:
+        """The API form: ``{default, validRange: {min, max, step}}`` or ``{default, validValues}``."""
+        out: dict[str, object] = {"default": self.default.canonical()}
+        if self.values:
+            out["validValues"] = [v.canonical() for v in self.values]
+        elif self.min is not None:
+            valid_range = {"min": self.min.canonical()}
+            if self.max is not None:
+                valid_range["max"] = self.max.canonical()
+            if self.step is not None:
+                valid_range["step"] = self.step.canonical()
+            out["validRange"] = valid_range
+        return out
+
+
+@dataclass(frozen=True)
 class Device:
     """One allocatable device of one driver on this node.
 
@@ -197,6 +222,10 @@ class Device:
     pci_bus_id: str = ""
     product: str = ""
     parent: str = ""
+    allow_multiple_allocations: bool = False
+    """Shareable by several claims at once (consumable capacity, see `agent.core.sharing`)."""
+    request_policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
+    """``requestPolicy`` per capacity name; only with `allow_multiple_allocations`."""
     consumes_counters: tuple[CounterConsumption, ...] = ()
     """Counters this device takes when allocated (partitionable devices such as MIG placements)."""
     counter_sets: tuple[CounterSet, ...] = ()
@@ -208,6 +237,7 @@ class Device:
         # Freeze the maps so a Device is a true value.
         object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
         object.__setattr__(self, "capacity", MappingProxyType(dict(self.capacity)))
+        object.__setattr__(self, "request_policies", MappingProxyType(dict(self.request_policies)))
         object.__setattr__(self, "consumes_counters", tuple(self.consumes_counters))
         object.__setattr__(self, "counter_sets", tuple(self.counter_sets))
         validate_device(self)
@@ -258,6 +288,13 @@ def validate_device(device: Device) -> None:
             raise DeviceModelError(name, f"capacity[{key}]", problem)
         if not isinstance(quantity, Quantity):
             raise DeviceModelError(name, f"capacity[{key}]", "must be an agent.core.quantity.Quantity")
+    for key in device.request_policies:
+        if key not in device.capacity:
+            raise DeviceModelError(name, f"capacity[{key}].requestPolicy", "names no capacity of the device")
+        if not device.allow_multiple_allocations:
+            raise DeviceModelError(
+                name, f"capacity[{key}].requestPolicy", "allowMultipleAllocations must be true"
+            )
     _validate_counters(device)
 
 

@@ -70,6 +70,17 @@ _PARTITIONABLE_DEVICE_FIELDS = ("consumesCounters", "nodeName", "nodeSelector", 
 _BINDING_FIELDS = ("bindsToNode", "bindingConditions", "bindingFailureConditions")
 
 
+def _partitionable_in_use(old_spec: Mapping[str, Any]) -> bool:
+    """``draPartitionableDevicesFeatureInUse`` of upstream ``resourceslice/strategy.go``."""
+    if old_spec.get("sharedCounters") or old_spec.get("perDeviceNodeSelection") is not None:
+        return True
+    return any(
+        isinstance(d, dict)
+        and (d.get("consumesCounters") or any(d.get(f) is not None for f in _PARTITIONABLE_DEVICE_FIELDS[1:]))
+        for d in old_spec.get("devices") or []
+    )
+
+
 def rfc3339(seconds: float) -> str:
     """A timestamp as the apiserver writes ``metav1.Time`` (seconds, UTC, ``Z``)."""
     return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -641,11 +652,11 @@ class Registry:
             return field in used
 
         gate = self.gates.get
-        if not gate("DRAPartitionableDevices"):
-            if "sharedCounters" not in old_spec:
-                spec.pop("sharedCounters", None)
-            if "perDeviceNodeSelection" not in old_spec:
-                spec.pop("perDeviceNodeSelection", None)
+        # Upstream asks whether the old slice uses any partitionable field at all, not each one.
+        drop_partitionable = not gate("DRAPartitionableDevices") and not _partitionable_in_use(old_spec)
+        if drop_partitionable:
+            spec.pop("sharedCounters", None)
+            spec.pop("perDeviceNodeSelection", None)
         for counter_set in spec.get("sharedCounters") or []:
             if isinstance(counter_set, dict):
                 _canonical_counters(counter_set.get("counters"))
@@ -659,10 +670,9 @@ class Registry:
                 continue
             if not gate("DRADeviceTaints") and not in_use("taints"):
                 device.pop("taints", None)
-            if not gate("DRAPartitionableDevices"):
+            if drop_partitionable:
                 for field in _PARTITIONABLE_DEVICE_FIELDS:
-                    if not in_use(field):
-                        device.pop(field, None)
+                    device.pop(field, None)
             if not binding:
                 for field in _BINDING_FIELDS:
                     if not in_use(field):

@@ -497,8 +497,8 @@ class KubeApiEmulator:
             raise ApiError(405, "the server does not allow this method on the requested resource")
         label = f"{plural}/{subresource}" if subresource else plural
         self.requests[(verb, label)] += 1
-        if verb in _WRITE_VERBS:
-            self.writes[(verb, label)] += 1
+        if verb in _WRITE_VERBS and not query.getall("dryRun", []):
+            self.writes[(verb, label)] += 1  # a dry run stores nothing: not a write
         if self.faults.slow.get(plural, 0.0) > 0:
             await anyio.sleep(self.faults.slow[plural])
         injected = self.faults.take(verb, label)

@@ -154,6 +154,30 @@ class HealthTracker:
                 extra=log_fields(driver=self.driver, device=event.device, condition=event.condition),
             )
 
+    def seed(self, device: str, condition: HealthCondition) -> None:
+        """Restore a condition an earlier agent process published (its taint, found at start).
+
+        It is held as an EVENT last seen at ``condition.since`` (the taint's ``timeAdded``):
+        lifted once the hold time has passed since then, unless the backend reports it again. A
+        condition that is already tracked keeps its state, with the earlier ``since``.
+        """
+        since = min(condition.since, self._clock.time())
+        key = (device, condition.condition, condition.value)
+        active = self._active.get(key)
+        if active is not None:
+            if since < active.condition.since:
+                active.condition = replace(active.condition, since=since)
+                self._publish(device)
+            return
+        self._add(key, _Active(replace(condition, since=since), ConditionKind.EVENT, since))
+        log.info(
+            "health condition restored from the published taints",
+            extra=log_fields(
+                driver=self.driver, device=device, condition=condition.condition, value=condition.value
+            ),
+        )
+        self._publish(device)
+
     def _add(self, key: tuple[str, str, str], active: _Active) -> None:
         device, condition, value = key
         conditions = self._by_device.setdefault(device, {})

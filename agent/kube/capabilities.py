@@ -14,6 +14,13 @@ So the publisher sends a server-side dry-run create of a probe slice (nothing is
 The probe runs at start and again when the server's version changes (a control-plane upgrade).
 When it cannot run (an old server without dry-run, a network error) the version decides, as
 a guess, until the next probe succeeds.
+
+Shared counters and their consumption (partitionable devices) survive only with
+``DRAPartitionableDevices`` (alpha and off from 1.33, beta and on by default from 1.36): with the
+gate off the API server drops ``sharedCounters`` and ``consumesCounters``
+(``dropDisabledDRAPartitionableDevicesFields`` in ``pkg/registry/resource/resourceslice/strategy.go``),
+and devices that overlap would all look free. A pool that has counters asks with one more dry-run
+create (`probe_counters`): a slice holding one counter set, kept or dropped.
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ class Capabilities:
     none_effect: bool
     probed: bool = True
     """False for a guess from the version (the probe could not run)."""
+    counters: bool | None = None
+    """The server keeps shared counters (``DRAPartitionableDevices`` on); None: not asked yet."""
 
     @property
     def taint_support(self) -> ClusterTaintSupport:
@@ -70,6 +79,11 @@ class Capabilities:
     def without_slice_taints(self) -> Capabilities:
         """These capabilities once a real write showed the taints dropped."""
         return dataclasses.replace(self, slice_taints=False)
+
+    def with_counters(self, kept: bool | None) -> Capabilities:
+        """These capabilities once a probe or a real write showed whether counters are kept
+        (None: to be asked again)."""
+        return dataclasses.replace(self, counters=kept)
 
 
 def guess(info: ServerInfo) -> Capabilities:
@@ -125,6 +139,23 @@ async def _try(
     return any(flat_device(d).get("taints") for d in devices if isinstance(d, Mapping))
 
 
+async def probe_counters(kube: SliceProber, info: ServerInfo, *, driver: str, node_name: str) -> bool:
+    """Whether the server keeps a slice's ``sharedCounters``; raises `KubeApiError` when it cannot answer."""
+    body = build_slice(
+        driver=driver,
+        node_name=node_name,
+        node_uid="",
+        entries=[],
+        generation=1,
+        slice_count=1,
+        api_version=info.slice_version,
+        shared_counters=[{"name": PROBE_DEVICE, "counters": {"probe": {"value": "1"}}}],
+    )
+    body["metadata"].pop("ownerReferences")
+    answer = await kube.dry_run_create_resource_slice(body)
+    return bool(answer.get("spec", {}).get("sharedCounters"))
+
+
 def describe(capabilities: Capabilities, **more: Any) -> dict[str, Any]:
     """Log fields for `capabilities` (and `more`)."""
     return log_fields(
@@ -134,4 +165,5 @@ def describe(capabilities: Capabilities, **more: Any) -> dict[str, Any]:
         max_taints_per_device=capabilities.max_taints_per_device,
         none_effect=capabilities.none_effect,
         probed=capabilities.probed,
+        counters=capabilities.counters,
     )

@@ -33,11 +33,11 @@ from agent.core.model import Device
 from agent.health.taints import ClusterTaintSupport, DeviceTaint
 from agent.kube import capabilities
 from agent.kube.capabilities import Capabilities
-from agent.kube.client import KubeClient
+from agent.kube.client import KubeClient, ServerInfo
 from agent.kube.events import EventQueue, EventRecorder
 from agent.kube.pool import PoolPlan, PoolTarget, desired_pool, plan_pool
 from agent.kube.report import PoolReport
-from agent.kube.slices import flat_device, server_minor
+from agent.kube.slices import flat_device, server_minor, without_counters
 from agent.kube.validation import check_slice_spec
 from agent.observe.metrics import Metrics
 
@@ -160,6 +160,7 @@ class SlicePublisher:
         self._own_versions: deque[str] = deque(maxlen=256)
         self._own_deletes: deque[str] = deque(maxlen=256)
         self._capabilities: Capabilities | None = None
+        self._counters_said: bool | None = None
         self._episode = _Episode(clock, self.driver)
         self._last_refusal = ""
         self._last_write_at: float | None = None
@@ -232,6 +233,10 @@ class SlicePublisher:
                 )
             self._capabilities = None
             self._wake.set()
+        elif before is not None and before.counters is not None:
+            # Ask again at each resync (the gate may have changed). A gate turned off later keeps
+            # the counters of our slices (in use), so no write would show it; the probe's create would.
+            self._capabilities = before.with_counters(None)
         return True
 
     async def _reconcile_loop(self) -> None:
@@ -392,6 +397,28 @@ class SlicePublisher:
         self._capabilities = found
         return found
 
+    async def _probe_counters(self, caps: Capabilities, info: ServerInfo) -> Capabilities:
+        """`caps` with `Capabilities.counters` asked of the server (kept, when it cannot say)."""
+        try:
+            kept = await capabilities.probe_counters(
+                self._kube, info, driver=self.driver, node_name=self._node
+            )
+        except KubeApiError as error:
+            if error.status in (0, 429) or error.status >= 500:
+                raise  # an outage: retried with backoff like any pass
+            # Refused: the writes show whether counters are dropped (`_counters_dropped`), and
+            # what they showed stands (no rewrite with counters at each resync).
+            kept = self._counters_said is not False
+            log.warning(
+                "cannot probe whether the API server keeps shared counters",
+                extra=log_fields(driver=self.driver, error=str(error), assumed=kept),
+            )
+        if kept != self._counters_said:
+            self._counters_said = kept
+            log.info("API server shared counters probed", extra=log_fields(driver=self.driver, kept=kept))
+        self._capabilities = caps.with_counters(kept)
+        return self._capabilities
+
     async def reconcile(self) -> PassResult:
         """One pass: make our slices match the inventory. Raises on API errors."""
         async with self._pass_lock:  # passes never overlap (a direct call may race the loop)
@@ -408,7 +435,12 @@ class SlicePublisher:
         info = await self._kube.ensure_discovered()
         caps = await self._ensure_capabilities()
         node_uid = await self._ensure_node()
-        devices = self._inventory.devices()
+        devices: Sequence[Device] = self._inventory.devices()
+        if caps.counters is None and any(d.counter_sets or d.consumes_counters for d in devices):
+            caps = await self._probe_counters(caps, info)
+        withheld: list[str] = []
+        if caps.counters is False:
+            devices, withheld = without_counters(devices)
         wanted = self._policy.taint_map(devices, caps.taint_support)
         desired = desired_pool(
             devices,
@@ -438,6 +470,17 @@ class SlicePublisher:
             caps = self._capabilities = caps.without_slice_taints()
             published = {}
             self._wake.set()
+        if counters_dropped := _counters_dropped(stored):
+            # DRAPartitionableDevices is off though the probe said otherwise (or could not ask):
+            # the next pass publishes the whole devices only, until a probe finds counters kept.
+            log.warning(
+                "the API server dropped the shared counters from our ResourceSlice (feature gate "
+                "DRAPartitionableDevices is off)",
+                extra=log_fields(driver=self.driver, device=counters_dropped),
+            )
+            caps = self._capabilities = caps.with_counters(False)
+            self._counters_said = False
+            self._wake.set()
         if not caps.slice_taints:
             valid = {str(e["name"]) for chunk in desired.chunks for e in chunk}
             detail = self._report.unpublishable(
@@ -445,6 +488,9 @@ class SlicePublisher:
             )
         else:
             detail = self._report.unpublishable({}, info.git_version)
+        detail = "; ".join(
+            x for x in (detail, self._report.counters_unpublishable(withheld, info.git_version)) if x
+        )
         result = PassResult(len(plan.creates), len(plan.updates), len(plan.deletes))
         self._after_pass(result, published, len(desired.chunks), started)
         if self._on_published is not None:
@@ -522,5 +568,25 @@ def _taints_dropped(plan: PoolPlan, stored: Sequence[tuple[Mapping[str, Any], Ma
         }
         for entry in sent["spec"]["devices"]:
             if flat_device(entry).get("taints") and not kept.get(str(entry.get("name")), False):
+                return str(entry.get("name"))
+    return ""
+
+
+def _counters_dropped(stored: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> str:
+    """A counter set or consuming device that a create or update sent and the answer lacks ("" if
+    none): ``dropDisabledDRAPartitionableDevicesFields`` at work."""
+    for sent, answer in stored:
+        if not answer:
+            continue  # no body to compare (a fake client)
+        spec, kept = sent.get("spec", {}), answer.get("spec", {})
+        if spec.get("sharedCounters") and not kept.get("sharedCounters"):
+            return str(spec["sharedCounters"][0].get("name"))
+        consuming = {
+            str(d.get("name"))
+            for d in kept.get("devices") or []
+            if isinstance(d, Mapping) and flat_device(d).get("consumesCounters")
+        }
+        for entry in spec.get("devices") or []:
+            if flat_device(entry).get("consumesCounters") and str(entry.get("name")) not in consuming:
                 return str(entry.get("name"))
     return ""

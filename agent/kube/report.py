@@ -9,6 +9,9 @@
   ``dra_agent_publish_errors_total{reason="taints_unsupported"}``; the gauge
   ``dra_agent_unpublishable_devices`` says how many devices wait, and the ``published/``
   readiness check carries the detail (the pool itself is published, so it stays ready).
+- counters the server drops (``DRAPartitionableDevices`` off): the devices that consume them
+  and carry none (MIG placements) are withheld, *unpublishable* the same way (reason
+  ``counters_unsupported``, Event ``DeviceCountersUnsupported``), and share the gauge.
 
 Events go to an `EventQueue`, never awaited here.
 """
@@ -28,6 +31,15 @@ from agent.observe.metrics import Metrics
 log = logging.getLogger("agent.kube.publisher")  # the publisher's own reports: one logger to filter
 
 TAINTS_GATE = "DRADeviceTaints"
+COUNTERS_GATE = "DRAPartitionableDevices"
+_NAMES_SHOWN = 5
+
+
+def _some(names: frozenset[str]) -> str:
+    """Up to a few names: a GPU has dozens of placements."""
+    shown = sorted(names)[:_NAMES_SHOWN]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
 
 
 class EventSink(Protocol):
@@ -53,6 +65,7 @@ class PoolReport:
         self._rejected: dict[str, str] = {}
         self._published: dict[str, frozenset[DeviceTaint]] = {}
         self._unpublishable: frozenset[str] = frozenset()
+        self._withheld: frozenset[str] = frozenset()
         self._gauge_keys: set[tuple[str, str]] = set()
 
     def _event(self, reason: str, message: str, type: str) -> None:
@@ -146,8 +159,45 @@ class PoolReport:
                 "no device waits for an unpublishable taint any more", extra=log_fields(driver=self.driver)
             )
         self._unpublishable = now
-        if self._metrics is not None:
-            self._metrics.unpublishable_devices.labels(self.driver).set(len(now))
+        self._set_gauge()
         if not now:
             return ""
         return f"taints of {len(now)} device(s) cannot be published ({names}): enable the {TAINTS_GATE} gate"
+
+    def counters_unpublishable(self, withheld: Sequence[str], server: str) -> str:
+        """Devices withheld because the server drops counters; returns the readiness detail."""
+        now = frozenset(withheld)
+        names = _some(now)
+        if now and not self._withheld:
+            log.error(
+                "partitionable devices cannot be published: the API server drops shared counters from "
+                f"ResourceSlices; enable the {COUNTERS_GATE} feature gate on kube-apiserver and "
+                "kube-scheduler. Until then only the whole devices are published",
+                extra=log_fields(driver=self.driver, devices=names, count=len(now), server=server),
+            )
+            if self._metrics is not None:
+                self._metrics.publish_errors.labels(self.driver, "counters_unsupported").inc()
+            self._event(
+                "DeviceCountersUnsupported",
+                f"{self.driver}: {len(now)} devices ({names}) are not published: the API server drops "
+                f"shared counters (enable the {COUNTERS_GATE} feature gate)",
+                WARNING,
+            )
+        elif self._withheld and not now:
+            log.info(
+                "no device waits for unpublishable counters any more", extra=log_fields(driver=self.driver)
+            )
+        self._withheld = now
+        self._set_gauge()
+        if not now:
+            return ""
+        return (
+            f"{len(now)} device(s) consuming shared counters cannot be published ({names}): "
+            f"enable the {COUNTERS_GATE} gate"
+        )
+
+    def _set_gauge(self) -> None:
+        if self._metrics is not None:
+            self._metrics.unpublishable_devices.labels(self.driver).set(
+                len(self._unpublishable | self._withheld)
+            )

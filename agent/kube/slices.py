@@ -7,6 +7,7 @@ v1beta1 wraps each device's fields in ``basic``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -62,9 +63,11 @@ def device_to_api(
         body["attributes"] = {
             _strip(k, device.driver): attribute_to_api(v) for k, v in sorted(device.attributes.items())
         }
+    if device.allow_multiple_allocations:
+        body["allowMultipleAllocations"] = True
     if device.capacity:
         body["capacity"] = {
-            _strip(k, device.driver): {"value": q.canonical()} for k, q in sorted(device.capacity.items())
+            _strip(k, device.driver): _capacity(device, k, q) for k, q in sorted(device.capacity.items())
         }
     if device.consumes_counters:
         body["consumesCounters"] = [
@@ -76,6 +79,14 @@ def device_to_api(
     if api_version == "v1beta1":
         return {"name": device.name, "basic": body}
     return {"name": device.name, **body}
+
+
+def _capacity(device: Device, name: str, quantity: Quantity) -> dict[str, Any]:
+    out: dict[str, Any] = {"value": quantity.canonical()}
+    policy = device.request_policies.get(name)
+    if policy is not None:
+        out["requestPolicy"] = policy.to_api()
+    return out
 
 
 def _strip(name: str, driver: str) -> str:
@@ -108,6 +119,21 @@ def _quantity_key(value: Any) -> Any:
         return raw
 
 
+def _policy_key(value: Any) -> Any:
+    """A request policy by quantity values (the API server canonicalizes them)."""
+    policy = value.get("requestPolicy") if isinstance(value, Mapping) else None
+    if not isinstance(policy, Mapping):
+        return None
+    valid_range = policy.get("validRange") or {}
+    return (
+        _quantity_key(policy.get("default")),
+        tuple(_quantity_key(v) for v in policy.get("validValues") or []),
+        tuple(_quantity_key(valid_range.get(k)) for k in ("min", "max", "step"))
+        if isinstance(valid_range, Mapping)
+        else (),
+    )
+
+
 def taint_identity(taint: Mapping[str, Any]) -> tuple[str, str, str]:
     """What makes two taints the same, ignoring ``timeAdded`` (which the API server fills in)."""
     return (str(taint.get("key", "")), str(taint.get("value", "") or ""), str(taint.get("effect", "")))
@@ -130,8 +156,9 @@ def semantic_device(entry: Mapping[str, Any]) -> tuple[Any, ...]:
                 for k, v in attributes.items()
             )
         ),
-        tuple(sorted((str(k), _quantity_key(v)) for k, v in capacity.items())),
+        tuple(sorted((str(k), _quantity_key(v), repr(_policy_key(v))) for k, v in capacity.items())),
         tuple(sorted(taint_identity(t) for t in taints if isinstance(t, Mapping))),
+        flat.get("allowMultipleAllocations") is True,
         _consumption_key(flat.get("consumesCounters") or []),
     )
 
@@ -357,3 +384,23 @@ def _shared_layout(
     layout = [(group_sets, [d.name for d in members]) for group_sets, members in groups]
     names = [d.name for d in plain]
     return layout + [([], names[i : i + max_devices]) for i in range(0, len(names), max_devices)]
+
+
+def without_counters(devices: Sequence[Device]) -> tuple[list[Device], list[str]]:
+    """What a pool may hold where the API server drops counters (``DRAPartitionableDevices`` off).
+
+    A device that carries counter sets (the whole hardware, a whole GPU) is published without
+    its counters, alone: it overlaps nothing published. A device that consumes counters and
+    carries none (a MIG placement) would overlap it and its siblings unseen by the scheduler, so
+    it is withheld; returns (devices to publish, names withheld).
+    """
+    kept: list[Device] = []
+    withheld: list[str] = []
+    for device in devices:
+        if device.counter_sets:
+            kept.append(dataclasses.replace(device, counter_sets=(), consumes_counters=()))
+        elif device.consumes_counters:
+            withheld.append(device.name)
+        else:
+            kept.append(device)
+    return kept, withheld

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+from collections.abc import Callable
 
 import anyio
 from aiohttp import web
@@ -103,8 +104,11 @@ class MetricsServer:
         clock: Clock | None = None,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_SECONDS,
         max_loop_lag: float = DEFAULT_MAX_LOOP_LAG_SECONDS,
+        liveness: Callable[[], tuple[bool, str]] | None = None,
     ) -> None:
         self.host, self.port = parse_address(address)
+        self.liveness = liveness
+        """More of ``/healthz``: (healthy, reason), e.g. parts of the agent failing for too long."""
         self.metrics = metrics
         self.readiness = readiness
         self.heartbeat = LoopHeartbeat(
@@ -163,6 +167,10 @@ class MetricsServer:
 
     async def _healthz(self, _request: web.Request) -> web.Response:
         ok, reason = self.heartbeat.health()
+        if ok and self.liveness is not None:
+            live, why = self.liveness()
+            if not live:
+                ok, reason = False, why
         return web.Response(status=200 if ok else 503, text=("ok: " if ok else "unhealthy: ") + reason + "\n")
 
     async def _readyz(self, _request: web.Request) -> web.Response:

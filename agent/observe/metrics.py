@@ -51,6 +51,8 @@ CLAIM_ERROR_REASONS: Mapping[str, tuple[str, ...]] = {
         "backend",
         "cdi",
         "checkpoint",
+        "config",
+        "share_conflict",
         "internal",
     ),
     "unprepare": ("backend", "cdi", "checkpoint", "internal"),
@@ -64,6 +66,7 @@ PUBLISH_ERROR_REASONS = (
     "node_missing",
     "internal",
     "taints_unsupported",
+    "counters_unsupported",
 )
 """``reason`` values of `Metrics.publish_errors` known in advance (agent/kube/publisher.py); refusals
 add ``http_<status>``."""

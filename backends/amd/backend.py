@@ -14,10 +14,13 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device
+from agent.core.sharing import ConsumableShares, DeviceShare
 from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT, STOP_TIMEOUT
 from backends.amd.discovery import DEFAULT_DRIVER_NAME, Discovery, Sysfs, build_devices, read_processors
+from backends.amd.eccstate import ECC_STATE_FILE, boot_id, load_ecc_counts, save_ecc_counts
 from backends.amd.edits import StatFn, container_edits
-from backends.amd.health import CONDITIONS, HealthMemory, HealthMonitor, HealthSettings
+from backends.amd.health import CONDITIONS, EccCounts, HealthMemory, HealthMonitor, HealthSettings
+from backends.amd.sharingconfig import check_shares
 from backends.amd.smi import SmiLibrary, check_module, describe, handle_key, import_amdsmi, init_error
 from backends.amd.telemetry import read_telemetry
 
@@ -30,6 +33,7 @@ SETTINGS = {
     "event-timeout-ms": "milliseconds one event read waits; bounds shutdown delay (default 200)",
     "sysfs-root": "where the host's /sys is visible (default /sys)",
     "dev-root": "where the host's /dev is visible (default /dev)",
+    ConsumableShares.SETTING: "disabled (default), memory, unlimited or <N>: publish devices shareable",
 }
 
 
@@ -84,6 +88,10 @@ class AmdBackend:
         self._clock = clock or SystemClock()
         self._importer = importer
         self._stat = stat_fn
+        self._shares = ConsumableShares.parse(
+            dict(options.settings).get(ConsumableShares.SETTING, "disabled"),
+            f"--backend amd setting {ConsumableShares.SETTING}",
+        )
         self._lib: SmiLibrary | None = None
         self._discovery = Discovery()
         self._discovered = False
@@ -91,8 +99,11 @@ class AmdBackend:
         self._logged_empty = False
         self._devices_changed: anyio.Event | None = None
         self._call_timeout = call_timeout
-        # What one monitor learned that the next (after a rediscovery) must know to clear it.
+        # What one monitor learned that the next (after a rediscovery, or a restart of the agent
+        # in the same boot for the ECC counts) must know to clear or raise it.
         self._memory = HealthMemory()
+        self._ecc_path = options.state_dir / self._driver / ECC_STATE_FILE if options.state_dir else None
+        self._boot = ""
 
     @property
     def driver_name(self) -> str:
@@ -119,6 +130,10 @@ class AmdBackend:
 
         await lib.run(init, "amdsmi_init")
         self._lib = lib
+        if self._ecc_path is not None:
+            self._boot = await anyio.to_thread.run_sync(boot_id)
+            counts = await anyio.to_thread.run_sync(load_ecc_counts, self._ecc_path, self._boot)
+            self._memory = HealthMemory.with_ecc_counts(counts)
         log.info("amdsmi initialized", extra=log_fields(driver=self._driver))
 
     async def stop(self) -> None:
@@ -166,7 +181,7 @@ class AmdBackend:
             )
         elif self._discovery.devices:
             self._logged_empty = False
-        return self._discovery.devices
+        return [self._shares.apply(d) for d in self._discovery.devices]
 
     async def monitor_health(self, sink: HealthSink) -> None:
         """Watch events and RAS for the discovered devices until cancelled."""
@@ -182,9 +197,26 @@ class AmdBackend:
             )
             async with anyio.create_task_group() as tg:
                 tg.start_soon(monitor.run, sink)
+                tg.start_soon(self._keep_ecc_counts)
                 await changed.wait()
                 tg.cancel_scope.cancel()
             log.info("devices changed; restarting health monitoring", extra=log_fields(driver=self._driver))
+
+    async def _keep_ecc_counts(self) -> None:
+        """Save the ECC counts when they change, so a restarted agent does not take them as a baseline."""
+        if self._ecc_path is None:
+            await anyio.sleep_forever()
+            return
+        saved: EccCounts = {}
+        while True:
+            snapshot = self._memory.ecc_counts()
+            if snapshot != saved:
+                try:
+                    await anyio.to_thread.run_sync(save_ecc_counts, self._ecc_path, self._boot, snapshot)
+                    saved = snapshot
+                except OSError as error:
+                    log.warning("cannot save the ECC counts", extra=log_fields(error=str(error)))
+            await self._clock.sleep(self._health_settings.poll_interval)
 
     async def prepare(self, device: str, claim: ClaimRef) -> ContainerEdits:
         """Edits for /dev/kfd and the device's DRM nodes, read from the host now."""
@@ -195,6 +227,17 @@ class AmdBackend:
 
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
         """Nothing to undo: preparing only reads device nodes."""
+
+    async def prepare_share(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> ContainerEdits:
+        """`prepare` after the AMD config check (`backends.amd.sharingconfig`); nothing to set up."""
+        check_shares(share, peers)
+        return await self.prepare(share.device, share.claim)
+
+    async def unprepare_share(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> None:
+        """Nothing to undo."""
+
+    async def resume_shares(self, shares: Sequence[DeviceShare]) -> None:
+        """Nothing to resume: the hardware keeps no sharing state."""
 
     async def telemetry(self) -> Sequence[DeviceTelemetry]:
         """Read counters of every published device; a failing field is None."""

@@ -108,6 +108,10 @@ class RasReading:
     cper_supported: bool = True
 
 
+EccCounts = dict[str, dict[str, int]]
+"""Uncorrectable ECC counts by GPU key and RAS block, as last read."""
+
+
 @dataclass
 class _GpuState:
     ecc: dict[str, int] = field(default_factory=dict)
@@ -123,6 +127,16 @@ class HealthMemory:
 
     gpus: dict[str, _GpuState] = field(default_factory=dict)
     events_unmonitored: bool = False
+
+    @classmethod
+    def with_ecc_counts(cls, counts: EccCounts) -> HealthMemory:
+        """Memory holding the ECC counts an earlier agent process of this boot read: errors since
+        then are new, not a baseline."""
+        return cls(gpus={key: _GpuState(ecc=dict(blocks)) for key, blocks in counts.items()})
+
+    def ecc_counts(self) -> EccCounts:
+        """The last ECC count per GPU and block (a copy)."""
+        return {key: dict(state.ecc) for key, state in self.gpus.items() if state.ecc}
 
 
 def _cper_time(text: object) -> float | None:

@@ -13,6 +13,11 @@ Settings (``--backend fake:key=value,...``):
     ``/tmp/dra-agent-fake-<node>.sock``; ``off`` disables it.
 ``prepare_fail``, ``prepare_fail_rate``, ``prepare_latency``, ``seed``
     Prepare fault injection (see `backends.fake.backend`).
+``consumable-shares``
+    ``disabled`` (default), ``memory``, ``unlimited`` or a number: publish devices shareable
+    (`agent.core.sharing.ConsumableShares`). NVIDIA profiles take NVIDIA's claim configuration
+    (time-slicing recorded in ``<state dir>/fake-sharing/<driver>/timeslice.json``, MPS through
+    real stand-in daemon processes, `backends.fake.sharing`); AMD profiles take AMD's.
 ``device_files``
     Host directory of the per-claim device description files that containers mount (see
     `backends.fake.devicefile`); default ``<state dir>/fake-devices``; ``off``: environment only.
@@ -27,11 +32,13 @@ from __future__ import annotations
 
 import math
 import re
+import tempfile
 from pathlib import Path
 
 from agent.core.backend import Backend, BackendOptions
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ConfigError
+from agent.core.sharing import ConsumableShares
 from backends.fake.backend import FakeBackend, FaultInjector, PrepareFaults, with_driver
 from backends.fake.dynamicmig import FakeDynamicMig
 from backends.fake.profile import load_profile
@@ -46,9 +53,11 @@ SETTINGS = (
     "prepare_latency",
     "seed",
     "device_files",
+    ConsumableShares.SETTING,
     "dynamic-mig",
 )
 DEVICE_FILES_DIR = "fake-devices"
+SHARING_DIR = "fake-sharing"
 DEFAULT_PROFILE = "mixed"
 
 
@@ -112,6 +121,11 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
     if dynamic not in ("true", "false"):
         raise ConfigError("--backend fake setting dynamic-mig", dynamic, "true or false")
     files = device_files_root(settings, options.state_dir)
+    shares = ConsumableShares.parse(
+        settings.get(ConsumableShares.SETTING, "disabled"),
+        f"--backend fake setting {ConsumableShares.SETTING}",
+    )
+    sharing_root = Path(options.state_dir or tempfile.gettempdir()) / SHARING_DIR
     if options.driver_name and len(profile.drivers) != 1:
         raise ConfigError(
             "--backend fake driver",
@@ -137,6 +151,8 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
                 prepare_faults=faults,
                 clock=clock,
                 device_files=files / name if files is not None else None,
+                shares=shares,
+                sharing_root=sharing_root / name,
                 partitions=partitions,
             )
         )

@@ -48,8 +48,13 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device, Severity
+from agent.core.sharing import ConsumableShares, DeviceShare, merge_edits
+from backends.amd.sharingconfig import check_shares
 from backends.fake import devicefile
 from backends.fake.dynamicmig import FakeDynamicMig
+from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
+from backends.nvidia.mps import MpsDaemons
+from backends.nvidia.sharing import DeviceFacts, NvSharingManager, facts_of
 
 log = logging.getLogger("agent.fake")
 
@@ -126,10 +131,19 @@ class FakeBackend:
         prepare_faults: PrepareFaults | None = None,
         clock: Clock | None = None,
         device_files: Path | None = None,
+        shares: ConsumableShares | None = None,
+        sharing_root: Path | None = None,
         partitions: FakeDynamicMig | None = None,
     ) -> None:
         self._driver = driver_name
         self._partitions = partitions
+        self._shares = shares or ConsumableShares()
+        self.sharing: NvSharingManager | None = None
+        """NVIDIA profiles: time-slicing and MPS through the fakes of `backends.fake.sharing`."""
+        if vendor == "nvidia" and sharing_root is not None:
+            self.sharing = NvSharingManager(
+                self._facts, FakeGpuPolicy(sharing_root), MpsDaemons(sharing_root / "mps", FakeMpsProgram())
+            )
         self._device_files = device_files
         self._devices = {d.name: d for d in devices}
         self._vendor = vendor
@@ -176,7 +190,7 @@ class FakeBackend:
 
     async def discover(self) -> Sequence[Device]:
         # A lost device falls off the bus: it is not discovered until recovered.
-        return [d for name, d in sorted(self._devices.items()) if name not in self.lost]
+        return [self._shares.apply(d) for name, d in sorted(self._devices.items()) if name not in self.lost]
 
     async def monitor_health(self, sink: HealthSink) -> None:
         """Forward injected faults to `sink`; also serves the control socket (one per injector)."""
@@ -229,6 +243,12 @@ class FakeBackend:
             self._ecc[event.device] = self._ecc.get(event.device, 0) + 1
         if self._wake is not None:
             self._wake.set()
+
+    def _facts(self, name: str) -> DeviceFacts:
+        found = self._devices.get(name)
+        if found is None:
+            raise DeviceNotFoundError(self._driver, name)
+        return facts_of(found.attributes, found.uuid or found.name)
 
     def group_of(self, device: str) -> list[str]:
         """`device` and every device sharing its physical GPU (MIG devices, partitions)."""
@@ -285,6 +305,30 @@ class FakeBackend:
                     f"fake backend {self._driver}: cannot remove the device file {path}: {error}: "
                     "check the agent's state directory"
                 ) from error
+
+    async def prepare_share(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> ContainerEdits:
+        """`prepare` with the vendor's sharing: NVIDIA format and fake time-slicing/MPS, or AMD's format."""
+        if self.sharing is None:
+            check_shares(share, peers)
+            return await self.prepare(share.device, share.claim)
+        if share.device not in self._devices or share.device in self.lost:
+            raise DeviceNotFoundError(self._driver, share.device)
+        extra = await self.sharing.prepare(share, peers)
+        try:
+            return merge_edits(await self.prepare(share.device, share.claim), extra)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.sharing.unprepare(share, peers)
+            raise
+
+    async def unprepare_share(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> None:
+        if self.sharing is not None:
+            await self.sharing.unprepare(share, peers)
+        await self.unprepare(share.device, share.claim)
+
+    async def resume_shares(self, shares: Sequence[DeviceShare]) -> None:
+        if self.sharing is not None:
+            await self.sharing.resume(shares)
 
     def _edits(self, device: Device, mounts: tuple[Mount, ...]) -> ContainerEdits:
         """Environment and the description file: no device nodes (see `backends.fake.devicefile`)."""

@@ -40,8 +40,9 @@ Settings (``--backend nvidia:key=value,...``):
 
 - ``dynamic-mig``: ``true`` publishes each GPU in MIG mode that no one else partitioned as
   partitionable devices (a counter set, the whole GPU and every MIG placement) and creates the MIG
-  device at prepare (`backends.nvidia.dynamicmig`); ``dynamic-mig-dir`` (default
-  ``/var/lib/dra-agent``) holds its journal.
+  device at prepare (`backends.nvidia.dynamicmig`), with its missing capability device nodes
+  (`backends.nvidia.capnodes`); ``dynamic-mig-dir`` (default ``/var/lib/dra-agent``) holds its
+  journal.
 
 A GPU that falls off the bus while the agent runs gets the STATE condition ``gpu-lost`` on all
 its devices (so the taint policy taints them) and stays published with it; the next rediscovery

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -17,7 +18,9 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import Device, check_driver_name
+from agent.core.sharing import ConsumableShares, DeviceShare, merge_edits
 from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT
+from backends.nvidia.capnodes import NodeMaker, ensure_cap_nodes, mknod
 from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
 from backends.nvidia.driverfiles import DEFAULT_HOOK_PATH, DriverFiles, HostView, find_driver_files
 from backends.nvidia.dynamicmig import DynamicMig, gpu_handles_sync
@@ -34,7 +37,9 @@ from backends.nvidia.edits import (
 )
 from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState, XidPolicy
 from backends.nvidia.migjournal import MigJournal
+from backends.nvidia.mps import ControlProgram, MpsDaemons, MpsProgram
 from backends.nvidia.nvml import Nvml, load_pynvml
+from backends.nvidia.sharing import DeviceFacts, GpuPolicy, NvSharingManager, SmiGpuPolicy, facts_of
 from backends.nvidia.telemetry import read_telemetry_sync
 from backends.nvidia.toolkitspec import ToolkitDevices, ToolkitSpecReader
 
@@ -51,9 +56,11 @@ SETTINGS = (
     "telemetry-interval",
     "health-wait-ms",
     "recovery-interval",
+    ConsumableShares.SETTING,
     "dynamic-mig",
     "dynamic-mig-dir",
 )
+STATE_SUBDIR = "mps"
 DEFAULT_DYNAMIC_MIG_DIR = "/var/lib/dra-agent"
 
 
@@ -96,7 +103,10 @@ class NvidiaBackend:
         sysfs_root: Path = Path("/sys"),
         proc_root: Path = Path("/proc"),
         dev_root: Path | None = None,
+        policy: GpuPolicy | None = None,
+        mps_program: MpsProgram | None = None,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        make_node: NodeMaker = mknod,
     ) -> None:
         settings = options.settings
         unknown = sorted(set(settings) - set(SETTINGS))
@@ -128,6 +138,7 @@ class NvidiaBackend:
         self._clock: Clock = clock or SystemClock()
         self._sysfs_root = sysfs_root
         self._dev_override = dev_root
+        self._make_node = make_node
         self._edits = EditsConfig(
             mode=mode,
             driver_root=driver_root,
@@ -146,6 +157,15 @@ class NvidiaBackend:
         self._telemetry_cache: list[DeviceTelemetry] = []
         self._telemetry_at: float | None = None
         self._prepared: dict[tuple[str, str], ContainerEdits] = {}
+        self._shares = ConsumableShares.parse(
+            settings.get(ConsumableShares.SETTING, "disabled"), f"nvidia setting {ConsumableShares.SETTING}"
+        )
+        state = (options.state_dir or Path("/var/lib/dra-agent")) / STATE_SUBDIR / self._driver
+        self._sharing = NvSharingManager(
+            self._facts,
+            policy or SmiGpuPolicy(),
+            MpsDaemons(state, mps_program or ControlProgram()),
+        )
 
     @property
     def driver_name(self) -> str:
@@ -267,7 +287,7 @@ class NvidiaBackend:
                 "no NVIDIA GPUs found: publishing an empty pool",
                 extra=log_fields(gpus=len(discovery.gpus), hint="check 'nvidia-smi -L' on the node"),
             )
-        return [d.device for d in discovery.devices]
+        return [self._shares.apply(d.device) for d in discovery.devices]
 
     async def _ensure_discovered(self) -> Discovery:
         if not self._discovered:
@@ -321,12 +341,27 @@ class NvidiaBackend:
         placement = self._dynamic.placements.get(device) if self._dynamic is not None else None
         if self._dynamic is not None and placement is not None:
             # The MIG device is created first; its edits are those of a static MIG device.
-            edits = await self._dynamic.prepare(placement, claim.uid, nv, self._edits_for)
+            edits = await self._dynamic.prepare(placement, claim.uid, nv, self._created_edits)
         else:
             edits = await self._edits_for(nv)
         self._prepared[key] = edits
         log.info("prepared device", extra=log_fields(device=device, claim=claim.uid, mode=self._active_mode))
         return edits
+
+    async def _created_edits(self, nv: NvDevice) -> ContainerEdits:
+        """Edits of a MIG device just created: its capability nodes may not exist yet (we make them)."""
+        if nv.mig is not None:
+            config = self._edits
+            make = functools.partial(ensure_cap_nodes, make=self._make_node)
+            await anyio.to_thread.run_sync(
+                make,
+                config.proc_root,
+                config.dev.view,
+                nv.gpu.minor,
+                nv.mig.gpu_instance_id,
+                nv.mig.compute_instance_id,
+            )
+        return await self._edits_for(nv)
 
     async def _edits_for(self, nv: NvDevice) -> ContainerEdits:
         mode = await self._mode_for(nv)
@@ -367,6 +402,24 @@ class NvidiaBackend:
             gpus = {g.uuid: g.handle for g in (await self._ensure_discovered()).gpus}
             await self._dynamic.unprepare(device, claim.uid, gpus)
         self._prepared.pop((claim.uid, device), None)
+
+    def _facts(self, name: str) -> DeviceFacts:
+        nv = self._device(name)
+        return facts_of(nv.device.attributes, nv.uuid)
+
+    async def prepare_share(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> ContainerEdits:
+        """`prepare` plus the share's time-slicing or MPS (`backends.nvidia.sharing`)."""
+        base = await self.prepare(share.device, share.claim)
+        return merge_edits(base, await self._sharing.prepare(share, peers))
+
+    async def unprepare_share(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> None:
+        await self._sharing.unprepare(share, peers)
+        await self.unprepare(share.device, share.claim)
+
+    async def resume_shares(self, shares: Sequence[DeviceShare]) -> None:
+        self._lib()
+        await self._ensure_discovered()
+        await self._sharing.resume(shares)
 
     async def telemetry(self) -> Sequence[DeviceTelemetry]:
         nvml = self._lib()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -21,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from agent.core.backend import ContainerEdits, DeviceNode
 from agent.core.errors import BackendError
 from agent.core.logs import log_fields
+from backends.nvidia.capnodes import cap_files
 from backends.nvidia.discovery import NvDevice
 from backends.nvidia.driverfiles import DEFAULT_HOOK_PATH, DriverFiles, HostView
 from backends.nvidia.toolkitspec import TOOLKIT_KIND
@@ -30,7 +30,6 @@ log = logging.getLogger("agent.backends.nvidia")
 AUTO, OWN, TOOLKIT = "auto", "own", "toolkit"
 CDI_MODES = (AUTO, OWN, TOOLKIT)
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-_CAP_MINOR = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -81,24 +80,7 @@ def _device_node(dev: DevDir, name: str, required: bool) -> DeviceNode | None:
 
 def mig_capability_minors(proc_root: Path, gpu_minor: int, gi: int, ci: int) -> list[int]:
     """Minors of ``/dev/nvidia-caps/nvidia-cap<N>`` giving access to one GPU/compute instance."""
-    base = proc_root / "driver" / "nvidia" / "capabilities" / f"gpu{gpu_minor}" / "mig" / f"gi{gi}"
-    minors: list[int] = []
-    for access in (base / "access", base / f"ci{ci}" / "access"):
-        try:
-            content = access.read_text()
-        except OSError as error:
-            raise BackendError(
-                f"NVIDIA backend: cannot read MIG capability file {access}: {error}: mount the host's "
-                "/proc/driver/nvidia into the agent, and check that the MIG device still exists "
-                "(nvidia-smi mig -lgi)"
-            ) from error
-        match = _CAP_MINOR.search(content)
-        if match is None:
-            raise BackendError(
-                f"NVIDIA backend: {access} has no DeviceFileMinor line: is the driver too old?"
-            )
-        minors.append(int(match.group(1)))
-    return minors
+    return [cap.minor for cap in cap_files(proc_root, gpu_minor, gi, ci)]
 
 
 def resolve_dev_dir(host: HostView, driver_root: str) -> DevDir:

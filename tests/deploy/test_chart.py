@@ -9,9 +9,12 @@ from typing import Any
 import helm_python as helm
 import kubernetes_validate
 import pytest
+import yaml
 
 from agent.config import OPTIONS, build_config
+from agent.core.errors import ConfigError
 from agent.core.model import Device
+from agent.health.taints import TaintPolicy
 from agent.observe.httpserver import DEFAULT_METRICS_PORT
 from backends.amd.backend import SETTINGS as AMD_SETTINGS
 from backends.nvidia.backend import SETTINGS as NVIDIA_SETTINGS
@@ -128,7 +131,9 @@ def test_daemonset_env_is_a_valid_agent_config(variant: str) -> None:
     assert backends == expected
     known = {"nvidia": set(NVIDIA_SETTINGS), "amd": set(AMD_SETTINGS)}
     for spec in config.backends:
-        assert set(spec.settings) <= known[spec.name], (spec.name, spec.settings)
+        assert set(spec.backend_settings) <= known[spec.name], (spec.name, spec.settings)
+        # Mixed mode: a node with only one vendor skips the other backend instead of failing.
+        assert spec.optional is (variant == "mixed")
     if variant == "mixed":
         assert config.taint_policy is not None
         assert dict(config.backends[1].settings)["poll-interval"] == "5"
@@ -173,6 +178,9 @@ def test_driver_roots_are_mounted_read_only_at_their_host_paths(variant: str) ->
             "readOnly": True,
         }
         assert env_of(ds)["ROCM_PATH"] == "/opt/rocm"
+        # Mixed mode: an NVIDIA-only node has no /opt/rocm; the pod must start there all the same.
+        expected = "DirectoryOrCreate" if variant == "mixed" else "Directory"
+        assert volumes["amd-driver-root"]["hostPath"]["type"] == expected
 
 
 def test_runtime_class_for_a_host_installed_nvidia_driver() -> None:
@@ -184,7 +192,7 @@ def test_runtime_class_for_a_host_installed_nvidia_driver() -> None:
 def test_taint_policy_configmap_is_mounted_where_the_env_points() -> None:
     objects = objects_of("mixed")
     (configmap,) = only(objects, "ConfigMap")
-    assert "conditions" in configmap["data"]["taint-policy.yaml"]
+    assert "NoExecute" in configmap["data"]["taint-policy.yaml"]
     ds = daemonset(objects)
     assert env_of(ds)["DRA_AGENT_TAINT_POLICY"] == "/etc/dra-agent/taint-policy.yaml"
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
@@ -343,6 +351,43 @@ def test_non_privileged_mode_drops_capabilities() -> None:
 def test_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
     with pytest.raises(helm.HelmValuesError, match=re.escape(complaint)):
         render_objects(values)
+
+
+@pytest.mark.parametrize(
+    ("policy", "complaint"),
+    [
+        # Issue 12: ci/mixed-values.yaml shipped this; the agent exits 2 on it.
+        ("conditions: {}", 'unknown field "conditions"'),
+        ("rules: [{condition: xid}]", "rules[0]: expected exactly one of effect or ignore"),
+        ("rules: [{condition: xid, effect: Evict}]", "rules[0].effect: Evict"),
+        ("rules: [{condition: xid, ignore: true, colour: red}]", "rules[0].colour: unknown field"),
+        ("severities: {info: maybe}", "severities.info: maybe"),
+        ("severities: {fatal: NoSchedule}", "severities.fatal"),
+        ("- just a list", "not a YAML mapping"),
+    ],
+)
+def test_a_taint_policy_the_agent_refuses_fails_the_render(policy: str, complaint: str) -> None:
+    with pytest.raises(helm.HelmRenderError, match=re.escape(complaint)):
+        render_objects({"taintPolicy": policy})
+    with pytest.raises(ConfigError):
+        TaintPolicy.from_data(yaml.safe_load(policy))
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [{"conditions": {}}, {"rules": [{"condition": "xid"}]}, {"severities": {"info": "Evict"}}],
+)
+def test_the_schema_refuses_a_bad_structured_taint_policy(policy: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError, match="/taintPolicy"):
+        render_objects({"taintPolicy": policy})
+
+
+def test_a_structured_taint_policy_is_rendered_for_the_agent() -> None:
+    policy = {"rules": [{"condition": "xid", "values": [79], "effect": "NoExecute"}]}
+    (configmap,) = only(render_objects({"taintPolicy": policy}), "ConfigMap")
+    text = configmap["data"]["taint-policy.yaml"]
+    assert yaml.safe_load(text) == policy
+    TaintPolicy.from_data(yaml.safe_load(text))
 
 
 def test_no_backend_is_a_clear_error() -> None:

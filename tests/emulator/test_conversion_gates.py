@@ -129,6 +129,30 @@ async def test_partitionable_fields_dropped_by_default(emu: KubeApiEmulator) -> 
     assert "consumesCounters" not in stored["spec"]["devices"][0]
 
 
+async def test_gate_off_keeps_partitionable_fields_when_the_old_slice_uses_any(emu: KubeApiEmulator) -> None:
+    """Upstream ``pkg/registry/resource/resourceslice/strategy.go``
+    (``dropDisabledDRAPartitionableDevicesFields``): with the gate off, nothing is dropped when the
+    old slice uses any partitionable field (``draPartitionableDevicesFeatureInUse`` looks at the
+    whole slice), and everything is dropped when it uses none."""
+    emu.set_feature_gate("DRAPartitionableDevices", True)
+    body = slice_body("s")
+    consumption = [{"counterSet": "c", "counters": {"mem": {"value": "1"}}}]
+    body["spec"]["devices"][0]["consumesCounters"] = consumption
+    stored = emu.create("resourceslices", body)
+    emu.set_feature_gate("DRAPartitionableDevices", False)
+    # The old slice consumes counters but defines no set: adding one is kept all the same.
+    stored["spec"]["sharedCounters"] = [{"name": "c", "counters": {"mem": {"value": "1Gi"}}}]
+    updated = emu.update("resourceslices", stored)
+    assert updated["spec"]["sharedCounters"][0]["name"] == "c"
+    assert updated["spec"]["devices"][0]["consumesCounters"][0]["counterSet"] == "c"
+    # A slice that uses none of them loses them all, the counter set alone included.
+    plain = emu.create("resourceslices", slice_body("t"))
+    plain["spec"]["sharedCounters"] = [{"name": "c", "counters": {"mem": {"value": "1Gi"}}}]
+    plain["spec"]["devices"][0]["consumesCounters"] = consumption
+    again = emu.update("resourceslices", plain)
+    assert "sharedCounters" not in again["spec"] and "consumesCounters" not in again["spec"]["devices"][0]
+
+
 async def test_device_status_dropped_with_gate_off(emu: KubeApiEmulator) -> None:
     emu.set_feature_gate("DRAResourceClaimDeviceStatus", False)
     claim = emu.create("resourceclaims", claim_body(), namespace="default")

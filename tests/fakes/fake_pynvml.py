@@ -610,7 +610,8 @@ class MigNvml(FakeNvml):
     the process there and persist `FakeGpu.migs` as the driver would keep them). With `proc_root`
     and `dev_root`, creating an instance also makes its MIG capability file
     (``driver/nvidia/capabilities/gpu<N>/mig/gi<G>[/ci<C>]/access``) and device node
-    (``nvidia-caps/nvidia-cap<minor>``), as the driver does; destroying removes the file.
+    (``nvidia-caps/nvidia-cap<minor>``), as ``nvidia-modprobe`` would on a host that runs it;
+    with ``make_nodes=False`` only the file, as the driver alone does. Destroying removes the file.
     """
 
     def __init__(
@@ -619,9 +620,11 @@ class MigNvml(FakeNvml):
         *,
         proc_root: Path | None = None,
         dev_root: Path | None = None,
+        make_nodes: bool = True,
         **kwargs: Any,
     ) -> None:
         self.proc_root, self.dev_root = proc_root, dev_root
+        self.make_nodes = make_nodes
         self.mig_hook: Any = None
         self.once: dict[str, int] = {}
         """NVML function name -> error code it raises at its next call only (a transient failure)."""
@@ -651,6 +654,8 @@ class MigNvml(FakeNvml):
         if create:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+            if not self.make_nodes:
+                return
             node = self.dev_root / "nvidia-caps" / f"nvidia-cap{minor}"
             node.parent.mkdir(parents=True, exist_ok=True)
             node.touch()

@@ -4,7 +4,9 @@
         [--boot-id ID] [UID ...]
 
 ROOT holds ``claims.json`` (the API server's claims, a list of v1 dicts), ``backend.json`` (the
-file-backed fake backend's prepared devices), ``state/`` and ``cdi/``. OP is ``start`` (start-up
+file-backed fake backend's prepared devices), ``state/`` and ``cdi/``. ``--sharing`` uses the real
+fake backend instead (profile nvidia-a100-8x, consumable-shares=memory, driver gpu.nvidia.com):
+its time-slicing record and MPS daemons live under ``state/``. OP is ``start`` (start-up
 reconcile only), ``prepare`` or ``unprepare`` (after start) of the given claim UIDs. When a claim
 reaches STEP the process kills itself with SIGKILL, as ``kill -9`` would; otherwise it prints the
 results as JSON on stdout. With ``--crash-in-group-write K`` it kills itself in the middle of the
@@ -69,9 +71,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         vars(agent.claims.checkpoint)["write_atomic"] = CrashInGroupWrite(args.crash_in_group_write)
     root = Path(args.root)
     claims = json.loads((root / "claims.json").read_text())
+    driver, backend = DRIVER, FileBackend(root / "backend.json")
+    if args.sharing:
+        from agent.core.backend import BackendOptions
+        from backends.fake import create_backend
+
+        options = BackendOptions(
+            NODE,
+            settings={"profile": "nvidia-a100-8x", "control": "off", "consumable-shares": "memory"},
+            state_dir=root / "state",
+        )
+        (shared,) = create_backend(options)
+        driver, backend = shared.driver_name, shared  # type: ignore[assignment]
     state = DeviceState(
-        DRIVER,
-        FileBackend(root / "backend.json"),
+        driver,
+        backend,
         FakeClaimSource(claims),
         node_name=NODE,
         cdi_root=root / "cdi",
@@ -100,6 +114,7 @@ def main() -> None:
     parser.add_argument("--crash-at", default="")
     parser.add_argument("--crash-in-group-write", type=int, default=0)
     parser.add_argument("--boot-id", default="boot-1")
+    parser.add_argument("--sharing", action="store_true")
     args = parser.parse_args()
 
     import anyio

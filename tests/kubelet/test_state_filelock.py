@@ -48,13 +48,34 @@ async def test_cancelled_waiter_leaves_lock_usable(tmp_path: Path) -> None:
     waiter.close()
 
 
-async def test_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
-    lock = FileLock(tmp_path / "missing" / "serialize.lock")
+async def test_missing_directory_is_created_on_a_fresh_node(tmp_path: Path) -> None:
+    """Issue 12: with POD_UID the lock was opened before the plugin directory existed."""
+    lock = FileLock(tmp_path / "plugins" / "gpu.example.com" / "serialize.lock")
+    with anyio.fail_after(5):
+        async with lock:
+            assert lock.path.exists()
+    lock.close()
+
+
+async def test_unusable_directory_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "plugins").write_text("a regular file where the directory should be")
+    lock = FileLock(tmp_path / "plugins" / "serialize.lock")
     with pytest.raises(FileLockError, match="plugin data directory exists"):
         await lock.acquire()
     # The in-process lock was released: a later try fails the same way instead of hanging.
     with anyio.fail_after(5), pytest.raises(FileLockError):
         await lock.acquire()
+
+
+async def test_try_acquire_does_not_wait(tmp_path: Path) -> None:
+    holder, other = FileLock(tmp_path / "publish.lock"), FileLock(tmp_path / "publish.lock")
+    assert await holder.try_acquire()
+    assert not await other.try_acquire()
+    holder.release()
+    assert await other.try_acquire()
+    other.release()
+    holder.close()
+    other.close()
 
 
 async def test_flock_failure_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

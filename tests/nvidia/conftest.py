@@ -12,6 +12,7 @@ import pytest
 
 from agent.core.backend import BackendOptions, HealthEvent
 from backends.nvidia import NvidiaBackend
+from backends.nvidia.capnodes import NodeMaker, mknod
 from tests.fakes.fake_pynvml import FakeNvml, a100_full_mig, a100_mig, h100, l4
 from tests.support.clock import FakeClock
 
@@ -58,7 +59,12 @@ def make_backend(tmp_path: Path, sysfs: Path, fake_clock: FakeClock) -> BackendF
     """
 
     def factory(
-        nvml: FakeNvml, driver_name: str | None = None, *, real_dev_dir: bool = False, **settings: str
+        nvml: FakeNvml,
+        driver_name: str | None = None,
+        *,
+        real_dev_dir: bool = False,
+        make_node: NodeMaker = mknod,
+        **settings: str,
     ) -> NvidiaBackend:
         # The host is a test tree: never the machine's own /etc/cdi, /var/run/cdi or libraries.
         settings.setdefault("host_root", str(tmp_path / "host"))
@@ -70,6 +76,7 @@ def make_backend(tmp_path: Path, sysfs: Path, fake_clock: FakeClock) -> BackendF
             sysfs_root=sysfs,
             proc_root=tmp_path / "proc",
             dev_root=None if real_dev_dir else tmp_path / "dev",
+            make_node=make_node,
         )
 
     return factory

@@ -31,7 +31,7 @@ def test_nvidia_backend_sees_the_host_root_read_only(variant: str) -> None:
         "mountPropagation": "HostToContainer",
     }
     assert volumes["nvidia-host-root"]["hostPath"] == {"path": "/", "type": "Directory"}
-    settings = dict(backends["nvidia"].settings)
+    settings = backends["nvidia"].backend_settings
     assert settings["host-root"] == "/host"
     backend = NvidiaBackend(BackendOptions("node", None, settings))
     assert backend.cdi_mode == "auto"

@@ -26,7 +26,10 @@ import anyio
 import pytest
 import yaml
 
-from agent.core.backend import BackendOptions
+from agent.app import create_backends
+from agent.config import AgentConfig, parse_backend_spec
+from agent.core.backend import BackendOptions, ClaimRef
+from agent.core.errors import DeviceNotFoundError
 from agent.core.model import Device
 from agent.core.quantity import Quantity
 from agent.emulator.slice_rules import resource_slice
@@ -273,3 +276,28 @@ async def test_the_publisher_writes_the_pool_for_the_served_release_and_then_not
         assert "gpu-0-counters" not in {
             c["name"] for s in h.slices() for c in s["spec"].get("sharedCounters", [])
         }
+
+
+# -- exclude-devices of a partitionable GPU ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("release", "minor"), [("1.34", 34), ("1.35", 35), ("1.36", 36)])
+async def test_excluding_a_partitionable_gpu_excludes_its_placements(release: str, minor: int) -> None:
+    """Excluding ``gpu-0`` drops its counter set, so its placements go too: upstream
+    ``validateResourceSliceSpec`` (1.34: "must reference a counterSet defined in the
+    ResourceSlice") and the 1.35+ pool rule refuse a device consuming an undefined counter set."""
+    config = AgentConfig(
+        backends=(parse_backend_spec("fake:profile=nvidia-a100-8x,dynamic-mig=true,exclude-devices=gpu-0"),)
+    )
+    (backend,) = create_backends(config)
+    await backend.start()
+    try:
+        devices = list(await backend.discover())
+        names = {d.name for d in devices}
+        assert "gpu-1-mig-3g40gb-9-4" in names and not {n for n in names if n.startswith("gpu-0")}
+        assert validate(pool(devices, minor), release) == []
+        with pytest.raises(DeviceNotFoundError):
+            await backend.prepare("gpu-0-mig-3g40gb-9-4", ClaimRef("ns", "c", "u"))
+        assert not any(t.device.startswith("gpu-0") for t in await backend.telemetry())
+    finally:
+        await backend.stop()
