@@ -42,6 +42,10 @@ ENTRY = ClaimEntry(
 )
 
 
+def disk_full(fd: int, data: bytes) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
 def listing(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
@@ -200,10 +204,7 @@ async def test_disk_full_keeps_previous_file_and_reverts_memory(
     await store.put(ENTRY)
     before = path.read_bytes()
 
-    def full(fd: int, data: bytes) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", full)
+    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", disk_full)
     other = ClaimEntry("u2", "ns", "c2", ClaimPhase.STARTED)
     with pytest.raises(CheckpointWriteError, match="No space left on device"):
         await store.put(other)
@@ -424,13 +425,10 @@ async def test_an_action_that_fails_with_the_write_reports_the_action(
     store = CheckpointStore(path, "boot-1")
     await store.put(ENTRY)
 
-    def full(fd: int, data: bytes) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
     def cdi_full() -> None:
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", full)
+    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", disk_full)
     with pytest.raises(OSError, match="Read-only"):
         await store.put(ClaimEntry("u2", "ns", "c2", ClaimPhase.COMPLETED), before=cdi_full)
     assert store.entries() == {"u1": ENTRY}
@@ -513,10 +511,7 @@ async def test_a_failed_after_is_raised_and_a_failed_write_runs_none(
     assert set(store.entries()) == {"u1"}  # dropped all the same
     assert set(decode(path.read_bytes()).entries) == {"u1"}
 
-    def full(fd: int, data: bytes) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", full)
+    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", disk_full)
     ran: list[str] = []
     with pytest.raises(CheckpointWriteError):
         await store.remove("u1", after=lambda: ran.append("u1"))
