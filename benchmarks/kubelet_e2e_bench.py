@@ -16,7 +16,8 @@ client (the kubelet is grpc-go; grpcio is the same C core family). Measured in t
 - process start to registration socket, and after ``kill -9`` of the agent, the time from the
   restart to the answer of the kubelet's next prepare of an already prepared claim.
 
-Run: ``python -m benchmarks.kubelet_e2e_bench`` (``--quick``: 200 prepares instead of 1,000).
+Run: ``python -m benchmarks.kubelet_e2e_bench`` (``--quick``: 200 prepares instead of 1,000;
+``--pod-uid UID``: as the chart runs it, with the file lock of rolling updates).
 """
 
 from __future__ import annotations
@@ -204,6 +205,34 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
+def get_all(url: str, claims: Sequence[Mapping[str, str]], in_flight: int) -> float:
+    """Seconds to GET every claim with `in_flight` keep-alive connections (the emulator's part of a burst)."""
+    clients = [Api(url) for _ in range(in_flight)]
+    for client in clients:  # connect before the clock starts
+        client.call("GET", f"{CLAIMS}/{claims[0]['name']}")
+    todo = list(claims)
+    lock = threading.Lock()
+
+    def worker(client: Api) -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                claim = todo.pop()
+            client.call("GET", f"{CLAIMS}/{claim['name']}")
+
+    threads = [threading.Thread(target=worker, args=(c,)) for c in clients]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    took = time.perf_counter() - start
+    for client in clients:
+        client.connection.close()
+    return took
+
+
 def timed(call: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     answer = call()
@@ -213,7 +242,9 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
 class AgentProcess:
     """``dra-agent run`` against the emulator, its sockets under `root`."""
 
-    def __init__(self, root: Path, cdi_root: Path, state_dir: Path, kubeconfig: Path) -> None:
+    def __init__(
+        self, root: Path, cdi_root: Path, state_dir: Path, kubeconfig: Path, pod_uid: str = ""
+    ) -> None:
         self.root = root
         self.args = [
             sys.executable, "-m", "agent.cli", "run", "--node-name", NODE,
@@ -225,6 +256,10 @@ class AgentProcess:
         ]  # fmt: skip
         self.registration = root / "registry" / f"{DRIVER}-reg.sock"
         self.dra_socket = root / "plugins" / DRIVER / "dra.sock"
+        if pod_uid:  # as the chart runs it: per-pod socket names and the rolling-update file lock
+            self.args += ["--pod-uid", pod_uid]
+            self.registration = root / "registry" / f"{DRIVER}-{pod_uid}-reg.sock"
+            self.dra_socket = root / "plugins" / DRIVER / f"dra-{pod_uid}.sock"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
 
@@ -290,7 +325,9 @@ def profiled(output: str, phase: str, pid: int) -> Iterator[None]:
         recorder.wait(timeout=60)
 
 
-def run(prepares: int, settle: float, py_spy: str = "", state_parent: str = "/tmp") -> dict[str, float]:
+def run(
+    prepares: int, settle: float, py_spy: str = "", state_parent: str = "/tmp", pod_uid: str = ""
+) -> dict[str, float]:
     figures: dict[str, float] = {}
     with ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-", dir="/tmp")))
@@ -315,7 +352,7 @@ def run(prepares: int, settle: float, py_spy: str = "", state_parent: str = "/tm
         )
         cdi = stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-cdi-", dir=CDI_PARENT))
         state = stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-state-", dir=state_parent))
-        agent = AgentProcess(root, Path(cdi), Path(state), kubeconfig)
+        agent = AgentProcess(root, Path(cdi), Path(state), kubeconfig, pod_uid)
         try:
             assert emulator.stdout is not None
             emulator.stdout.readline()
@@ -380,6 +417,14 @@ def run(prepares: int, settle: float, py_spy: str = "", state_parent: str = "/tm
                     figures["RSS after a second burst (MiB)"] = rss_mib(agent.pid)
             figures["peak RSS (MiB)"] = rss_mib(agent.pid, "VmHWM")
 
+            # The floors of the burst: the same 100 calls without claims (gRPC only), and the 100
+            # claim GETs alone against the emulator with as many in flight as the agent allows.
+            start = time.perf_counter()
+            for future in [kubelet.prepare_future([]) for _ in range(BURST)]:
+                future.result()
+            figures["burst of 100 empty calls wall (ms)"] = (time.perf_counter() - start) * 1000
+            figures["100 claim GETs, 3 in flight, wall (ms)"] = get_all(url, burst, 3) * 1000
+
             # kill -9 with a prepared claim; the kubelet retries its prepare until answered.
             kept = api.allocated_claim("kept", devices[0])
             assert not kubelet.prepare([kept]).claims[kept["uid"]].error
@@ -406,8 +451,8 @@ def run(prepares: int, settle: float, py_spy: str = "", state_parent: str = "/tm
     return figures
 
 
-def main(prepares: int, settle: float, py_spy: str, state_parent: str) -> None:
-    figures = run(prepares, settle, py_spy, state_parent)
+def main(prepares: int, settle: float, py_spy: str, state_parent: str, pod_uid: str) -> None:
+    figures = run(prepares, settle, py_spy, state_parent, pod_uid)
     width = max(len(k) for k in figures)
     print(f"{'measure'.ljust(width)}  {'value':>9}  target")
     for name, value in figures.items():
@@ -437,5 +482,10 @@ if __name__ == "__main__":
         default="/tmp",
         help="directory of the checkpoint (a disk, as /var/lib is; /dev/shm leaves the fsyncs out)",
     )
+    parser.add_argument(
+        "--pod-uid",
+        default="",
+        help="run the agent with --pod-uid as the chart does (with the rolling-update file lock)",
+    )
     args = parser.parse_args()
-    main(200 if args.quick else 1000, args.settle, args.py_spy, args.state_parent)
+    main(200 if args.quick else 1000, args.settle, args.py_spy, args.state_parent, args.pod_uid)

@@ -7,7 +7,9 @@ file that cannot be read, parsed (within `MAX_CHECKPOINT_BYTES` and the depth li
 `agent.core.boundedfile`) or verified is moved aside under a name of its own and the agent
 rebuilds the entries from the CDI specs (never a crash loop, see `agent.claims.recovery`).
 Writes are atomic and coalesced: concurrent changes share one write (group commit), so 100
-claims prepared at once do not mean 200 fsyncs.
+claims prepared at once do not mean 200 fsyncs. A change may bring a blocking action (the CDI
+spec of a completed claim) that the write carrying the change runs first in its worker thread:
+one thread hop for both, and the spec is on disk before any checkpoint names the claim completed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import enum
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -255,13 +258,103 @@ def remove_temp_files(state_dir: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-def _write_file(path: Path, data: bytes, durable: bool) -> None:
+FileIdentity = tuple[int, int, int, int, int]
+"""Device, inode, size, mtime and ctime (ns) of a file: equal means not replaced nor rewritten."""
+
+
+def _identity(st: os.stat_result) -> FileIdentity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _write_file(
+    path: Path, data: bytes, durable: bool, unpin: int | None
+) -> tuple[int | None, FileIdentity | None]:
+    """Write `path` and open it again: the descriptor returned pins the inode (see `CheckpointStore`)."""
+    if unpin is not None:
+        os.close(unpin)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, data, mode=0o600, durable=durable)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None, None  # written all the same; the next call under the file lock reads it back
+    return fd, _identity(os.fstat(fd))
+
+
+def _read_file(
+    path: Path, now: float, unpin: int | None
+) -> tuple[LoadOutcome, int | None, FileIdentity | None]:
+    """`load_checkpoint`, pinning the file read when it did not change while read (see `_write_file`)."""
+    if unpin is not None:
+        os.close(unpin)
+    try:
+        fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    outcome = load_checkpoint(path, now)
+    if fd is not None:
+        try:
+            read = _identity(os.fstat(fd))
+            if outcome.data is not None and _identity(os.stat(path)) == read:
+                return outcome, fd, read
+        except OSError:
+            pass
+        os.close(fd)
+    return outcome, None, None
+
+
+class _Action:
+    """A blocking action tied to the change of `uid`, run in the worker thread of a checkpoint write.
+
+    Before: run first by the write that first carries the change (its failure leaves the change
+    out). After: run by the durable write that carries the change, once it is on disk.
+    """
+
+    def __init__(self, uid: str, previous: ClaimEntry | None, action: Callable[[], None]) -> None:
+        self.uid = uid
+        self.previous = previous
+        self.action = action
+        self.done = False
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            self.action()
+        except Exception as error:  # the owner of the change gets it; the others' changes go on
+            self.error = error
+        self.done = True
+
+
+def _write_group(
+    path: Path,
+    data: CheckpointData,
+    actions: tuple[list[_Action], list[_Action]],
+    durable: bool,
+    unpin: int | None,
+) -> tuple[int | None, FileIdentity | None]:
+    """Run the befores of a group, write `data` less the changes whose before failed, run the afters."""
+    befores, afters = actions
+    entries = dict(data.entries)
+    for before in befores:
+        before.run()
+        if before.error is not None:
+            if before.previous is None:
+                entries.pop(before.uid, None)
+            else:
+                entries[before.uid] = before.previous
+    written = _write_file(path, encode(CheckpointData(data.boot_id, entries)), durable, unpin)
+    for after in afters:
+        after.run()
+    return written
 
 
 class CheckpointStore:
-    """The entries in memory plus their durable copy; every change is on disk when its call returns."""
+    """The entries in memory plus their durable copy; every change is on disk when its call returns.
+
+    The store keeps the file it wrote last open: while open, its inode number cannot be given to
+    another file, so a file at `path` with that inode, size and times is the one written last
+    (`is_current`), and an agent that shares the file (rolling update) need not read it again.
+    """
 
     def __init__(self, path: Path, boot_id: str) -> None:
         self.path = path
@@ -271,10 +364,49 @@ class CheckpointStore:
         self._changes = 0
         self._written = 0
         self._synced = 0
+        self._pinned: int | None = None
+        self._identity: FileIdentity | None = None
+        self._befores: list[_Action] = []
+        self._afters: list[_Action] = []
 
     def load(self, entries: Mapping[str, ClaimEntry]) -> None:
-        """Replace the in-memory entries (at start, before any write)."""
+        """Replace the in-memory entries (at start, or after reading the file another agent wrote)."""
         self._entries = dict(entries)
+        self._identity = None
+
+    def is_current(self) -> bool:
+        """Whether the file is still the one this store wrote last, i.e. the entries in memory.
+
+        A ``stat`` of a file just written, answered from the kernel's inode cache: cheaper than
+        the worker-thread hop that reading and verifying the whole file would take.
+        """
+        if self._identity is None:
+            return False
+        try:
+            return _identity(os.stat(self.path)) == self._identity
+        except OSError:
+            return False
+
+    async def reload(self, now: float) -> LoadOutcome:
+        """Read the file another agent may have written: its entries replace memory unless unusable.
+
+        A corrupt file is moved aside (`load_checkpoint`) and memory kept: the caller decides.
+        """
+        unpin, self._pinned, self._identity = self._pinned, None, None
+        outcome, pinned, identity = await anyio.to_thread.run_sync(_read_file, self.path, now, unpin)
+        if outcome.problem is None:
+            self._entries = dict(outcome.data.entries) if outcome.data is not None else {}
+            self._pinned, self._identity = pinned, identity
+        elif pinned is not None:
+            os.close(pinned)
+        return outcome
+
+    def close(self) -> None:
+        """Let go of the file written last."""
+        if self._pinned is not None:
+            os.close(self._pinned)
+            self._pinned = None
+        self._identity = None
 
     def get(self, uid: str) -> ClaimEntry | None:
         """The entry of a claim."""
@@ -284,8 +416,14 @@ class CheckpointStore:
         """A copy of all entries."""
         return dict(self._entries)
 
-    async def put(self, entry: ClaimEntry, *, durable: bool = True) -> None:
+    async def put(
+        self, entry: ClaimEntry, *, durable: bool = True, before: Callable[[], None] | None = None
+    ) -> None:
         """Add or replace an entry; raises `CheckpointWriteError` (memory reverted).
+
+        `before` (blocking) runs in the worker thread of the write that first carries the entry,
+        before that write; what it raises is raised here, and the entry is then left out
+        of the file and memory (the other changes of the group are written).
 
         `durable=False` skips the fsyncs (see `agent.claims.atomicfile.write_atomic`): the agent uses it
         for PrepareStarted, which guards state that a power loss erases anyway (CDI specs on a
@@ -293,14 +431,45 @@ class CheckpointStore:
         """
         previous = self._entries.get(entry.uid)
         self._entries[entry.uid] = entry
-        await self._commit(lambda: self._restore(entry.uid, previous), durable=durable)
+        if before is None:
+            await self._commit(lambda: self._restore(entry.uid, previous), durable=durable)
+            return
+        # The action runs in the hop of the write that carries the entry (one hop for both).
+        pending = _Action(entry.uid, previous, before)
+        self._befores.append(pending)
+        try:
+            await self._commit(lambda: self._restore(entry.uid, previous), durable=durable)
+        except CheckpointWriteError:
+            if pending.error is None:
+                raise  # else the action's failure is the one to report
+        finally:
+            if pending in self._befores:  # cancelled before a write took it: none may carry the entry
+                self._befores.remove(pending)
+                self._restore(entry.uid, previous)
+        if pending.error is not None:
+            raise pending.error
 
-    async def remove(self, uid: str) -> None:
-        """Drop an entry durably (no-op when absent); raises `CheckpointWriteError` (memory reverted)."""
+    async def remove(self, uid: str, *, after: Callable[[], None] | None = None) -> None:
+        """Drop an entry durably (no-op when absent); raises `CheckpointWriteError` (memory reverted).
+
+        `after` (blocking) runs in the worker thread of the durable write that drops the entry,
+        once that write is on disk; what it raises is raised here (the entry stays dropped).
+        """
         if uid not in self._entries:
             return
         previous = self._entries.pop(uid)
-        await self._commit(lambda: self._restore(uid, previous))
+        if after is None:
+            await self._commit(lambda: self._restore(uid, previous))
+            return
+        pending = _Action(uid, previous, after)
+        self._afters.append(pending)
+        try:
+            await self._commit(lambda: self._restore(uid, previous))
+        finally:
+            if pending in self._afters:  # failed or cancelled before a write took it
+                self._afters.remove(pending)
+        if pending.error is not None:
+            raise pending.error
 
     async def flush(self) -> None:
         """Write the current entries (at start: records the new boot ID)."""
@@ -321,8 +490,26 @@ class CheckpointStore:
                 if (self._synced if durable else self._written) >= mine:
                     return
                 covered = self._changes
-                data = encode(CheckpointData(self.boot_id, dict(self._entries)))
-                await anyio.to_thread.run_sync(_write_file, self.path, data, durable)
+                befores, self._befores = self._befores, []
+                afters: list[_Action] = []
+                if durable:  # an after waits for its change to be durable
+                    afters, self._afters = self._afters, []
+                unpin, self._pinned, self._identity = self._pinned, None, None
+                try:
+                    self._pinned, self._identity = await anyio.to_thread.run_sync(
+                        _write_group,
+                        self.path,
+                        CheckpointData(self.boot_id, dict(self._entries)),
+                        (befores, afters),
+                        durable,
+                        unpin,
+                    )
+                finally:
+                    for before in befores:
+                        if before.error is not None:
+                            self._restore(before.uid, before.previous)
+                    # The write failed: the afters wait for the next durable write (their owners retry).
+                    self._afters.extend(a for a in afters if not a.done)
                 self._written = covered
                 if durable:
                     self._synced = covered

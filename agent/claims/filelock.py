@@ -40,7 +40,9 @@ class FileLock:
         self.path = path
         self._clock = clock or SystemClock()
         self._poll = poll_interval
-        self._local = anyio.Lock()
+        # A semaphore, not a lock: a holder may hand the release to another task (the claim state
+        # shares one hold among concurrent calls and the last one out releases it).
+        self._local = anyio.Semaphore(1)
         self._fd: int | None = None
 
     def _open(self) -> int:

@@ -2,20 +2,21 @@
 
 Prepare: GET every claim concurrently (before any lock), check it, then per claim under its own
 lock: checkpoint ``PrepareStarted`` -> backend prepare of each device -> one CDI spec -> checkpoint
-``PrepareCompleted``. Any failure rolls back what was done for that claim. Unprepare reverses it.
-`start` repairs the checkpoint and reconciles it with the CDI files and the API server so that,
-after any crash, no CDI spec exists without an entry and no completed entry lacks its spec. A
-corrupt checkpoint is rebuilt from the specs (`agent.claims.recovery`), whose claims the kubelet
-still believes prepared. A spec is deleted only once the checkpoint no longer holds its claim,
-and a prepare answered from the checkpoint first checks that the spec is still there.
+``PrepareCompleted`` (spec and checkpoint in one worker-thread hop, see `CheckpointStore.put`). Any
+failure rolls back what was done for that claim. Unprepare reverses it. `start` repairs the
+checkpoint and reconciles it with the CDI files and the API server so that, after any crash, no CDI
+spec exists without an entry and no completed entry lacks its spec. A corrupt checkpoint is rebuilt
+from the specs (`agent.claims.recovery`), whose claims the kubelet still believes prepared. A spec
+is deleted only once the checkpoint no longer holds its claim, and a prepare answered from the
+checkpoint first checks that the spec is still there.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -59,7 +60,7 @@ from agent.core.sharing import (
     SharingBackend,
     select_config,
 )
-from agent.observe.metrics import Metrics
+from agent.observe.metrics import Children, Metrics
 
 log = logging.getLogger("agent.claims.state")
 
@@ -99,6 +100,10 @@ class PreparedListener(Protocol):
     """Told the prepared claims (claim -> device names) after prepare, unprepare and the start-up load."""
 
     def prepared_changed(self, driver: str, prepared: Mapping[ClaimRef, tuple[str, ...]]) -> None: ...
+
+    def claims_read(self, claims: Mapping[ClaimRef, Mapping[str, Any]]) -> None:
+        """The API objects of the claims a prepare just prepared, told right before `prepared_changed`."""
+        ...
 
 
 class _ClaimFailure(Exception):
@@ -166,6 +171,7 @@ class DeviceState:
         self.cdi = CdiSpecWriter(cdi_root, driver)
         self.state_dir = state_dir
         self.metrics = metrics
+        self._child = Children()
         self.events = events
         self.clock = clock or SystemClock()
         self.hooks = hooks
@@ -173,7 +179,10 @@ class DeviceState:
         self._boot_id = boot_id if boot_id is not None else read_boot_id(boot_id_path)
         self.store = CheckpointStore(state_dir / CHECKPOINT_FILE, self._boot_id)
         self._file_lock = FileLock(lock_path, clock=self.clock) if lock_path is not None else None
+        self._hold_lock = anyio.Lock()
+        self._holders = 0
         self._claim_locks: dict[str, tuple[anyio.Lock, int]] = {}
+        self._calls = 0
         self._device_locks: dict[str, anyio.Lock] = {}
         """Shares of one device are set up and torn down one at a time (first/last user)."""
         self._released: set[str] = set()
@@ -210,6 +219,10 @@ class DeviceState:
         refs = list({ref.uid: ref for ref in claims}.values())
         if not refs:
             return {}
+        with self._counted_call():
+            return await self._prepare(refs)
+
+    async def _prepare(self, refs: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         objects = await self._fetch_claims(refs)
         try:
             for ref in refs:
@@ -221,7 +234,12 @@ class DeviceState:
         async with self._serialized(), anyio.create_task_group() as tg:
             for ref in refs:
                 tg.start_soon(self._prepare_one, ref, objects[ref.uid], results)
-        self._update_gauges()
+        if self.listener is not None:
+            read = {ref: objects[ref.uid] for ref in refs if not results[ref.uid].error}
+            try:
+                self.listener.claims_read(read)
+            except Exception as error:  # metrics must never fail a prepare
+                log.warning("prepared-claims listener failed", extra=log_fields(error=repr(error)))
         return results
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
@@ -230,10 +248,10 @@ class DeviceState:
         if not refs:
             return {}
         results: dict[str, str] = {}
-        async with self._serialized(), anyio.create_task_group() as tg:
-            for ref in refs:
-                tg.start_soon(self._unprepare_one, ref, results)
-        self._update_gauges()
+        with self._counted_call():
+            async with self._serialized(), anyio.create_task_group() as tg:
+                for ref in refs:
+                    tg.start_soon(self._unprepare_one, ref, results)
         return results
 
     def prepared_claims(self) -> dict[str, ClaimEntry]:
@@ -283,7 +301,7 @@ class DeviceState:
             self._count("prepare", "error", "internal")
         finally:
             if self.metrics is not None:
-                self.metrics.claim_latency.labels(self.driver, "prepare").observe(
+                self._child(self.metrics.claim_latency, self.driver, "prepare").observe(
                     self.clock.monotonic() - started
                 )
 
@@ -348,9 +366,18 @@ class DeviceState:
         """Backend prepare, CDI spec, checkpoint completed; raises `_ClaimFailure` (caller rolls back)."""
         edits = await self._backend_prepare(ref, entry.devices)
         self._step(Step.PREPARE_AFTER_BACKEND_PREPARE, ref.uid)
-        completed = await self._write_spec(ref, entry, edits)
-        self._step(Step.PREPARE_AFTER_CDI_WRITE, ref.uid)
-        await self._put(ref, completed)
+        completed, cdi_devices, record = self._completed(ref, entry, edits)
+
+        def write_spec() -> None:  # in the checkpoint write's worker thread, before that write
+            self.cdi.write_claim_spec(ref.uid, cdi_devices, record)
+            self._step(Step.PREPARE_AFTER_CDI_WRITE, ref.uid)
+
+        try:
+            await self.store.put(completed, before=write_spec)
+        except OSError as error:
+            raise self._spec_failure(ref, error) from error
+        except CheckpointWriteError as error:
+            raise _ClaimFailure(f"prepare claim {claim_key(ref)}: {error}", "checkpoint") from error
         return completed
 
     async def _refresh(self, ref: ClaimRef, entry: ClaimEntry) -> ClaimEntry:
@@ -396,10 +423,10 @@ class DeviceState:
                 ) from error
         return edits
 
-    async def _write_spec(
+    def _completed(
         self, ref: ClaimRef, entry: ClaimEntry, edits: Sequence[ContainerEdits]
-    ) -> ClaimEntry:
-        """Write the claim's CDI spec, recording in it the completed entry (with CDI IDs) returned."""
+    ) -> tuple[ClaimEntry, list[CdiDevice], dict[str, Any]]:
+        """The completed entry (with CDI IDs), the devices of its CDI spec and the record the spec carries."""
         cdi_devices = [
             CdiDevice(cdi_device_name(ref.uid, d.device, d.share_id), e)
             for d, e in zip(entry.devices, edits, strict=True)
@@ -412,16 +439,25 @@ class DeviceState:
                 for d, c, e in zip(entry.devices, cdi_devices, edits, strict=True)
             ),
         )
-        record = {"uid": ref.uid, **entry_json(completed)}
+        return completed, cdi_devices, {"uid": ref.uid, **entry_json(completed)}
+
+    async def _write_spec(
+        self, ref: ClaimRef, entry: ClaimEntry, edits: Sequence[ContainerEdits]
+    ) -> ClaimEntry:
+        """Write the claim's CDI spec, recording in it the completed entry (with CDI IDs) returned."""
+        completed, cdi_devices, record = self._completed(ref, entry, edits)
         try:
             await anyio.to_thread.run_sync(self.cdi.write_claim_spec, ref.uid, cdi_devices, record)
         except OSError as error:
-            raise _ClaimFailure(
-                f"prepare claim {claim_key(ref)}: cannot write CDI spec {self.cdi.spec_path(ref.uid)}: "
-                f"{error.strerror or error}; check free space and permissions of the CDI root",
-                "cdi",
-            ) from error
+            raise self._spec_failure(ref, error) from error
         return completed
+
+    def _spec_failure(self, ref: ClaimRef, error: OSError) -> _ClaimFailure:
+        return _ClaimFailure(
+            f"prepare claim {claim_key(ref)}: cannot write CDI spec {self.cdi.spec_path(ref.uid)}: "
+            f"{error.strerror or error}; check free space and permissions of the CDI root",
+            "cdi",
+        )
 
     async def _rollback(self, ref: ClaimRef, entry: ClaimEntry) -> None:
         """Undo a partial prepare: backend, CDI spec, checkpoint entry (best effort, shielded)."""
@@ -540,7 +576,7 @@ class DeviceState:
             self._count("unprepare", "error", "internal")
         finally:
             if self.metrics is not None:
-                self.metrics.claim_latency.labels(self.driver, "unprepare").observe(
+                self._child(self.metrics.claim_latency, self.driver, "unprepare").observe(
                     self.clock.monotonic() - started
                 )
 
@@ -566,23 +602,26 @@ class DeviceState:
                         f"unprepare device {device.device!r} of claim {claim_key(ref)}: {error}", "backend"
                     ) from error
             self._step(Step.UNPREPARE_AFTER_BACKEND_UNPREPARE, ref.uid)
+
+            def remove_spec() -> None:  # in the checkpoint write's worker thread, once it is durable
+                self._step(Step.UNPREPARE_AFTER_CHECKPOINT_REMOVE, ref.uid)
+                self.cdi.remove_claim_spec(ref.uid)
+                self._step(Step.UNPREPARE_AFTER_CDI_REMOVE, ref.uid)
+
             try:
-                await self.store.remove(ref.uid)
+                await self.store.remove(ref.uid, after=remove_spec)
             except CheckpointWriteError as error:
                 # The entry and its spec stay (the kubelet retries); a prepare meanwhile redoes the backend.
                 self._released.add(ref.uid)
                 raise _ClaimFailure(f"unprepare claim {claim_key(ref)}: {error}", "checkpoint") from error
-            self._released.discard(ref.uid)
-            self._step(Step.UNPREPARE_AFTER_CHECKPOINT_REMOVE, ref.uid)
-            try:
-                await anyio.to_thread.run_sync(self.cdi.remove_claim_spec, ref.uid)
             except OSError as error:
                 # No entry owns the spec now: the kubelet's retry (an unknown claim) removes it.
+                self._released.discard(ref.uid)
                 raise _ClaimFailure(
                     f"unprepare claim {claim_key(ref)}: cannot remove CDI spec: {error.strerror or error}",
                     "cdi",
                 ) from error
-            self._step(Step.UNPREPARE_AFTER_CDI_REMOVE, ref.uid)
+            self._released.discard(ref.uid)
 
     # ----------------------------------------------------------------- start-up reconcile
 
@@ -716,18 +755,35 @@ class DeviceState:
         """The cross-process file lock (rolling updates), when configured.
 
         Two agent pods share the checkpoint during a rolling update, so whoever takes the lock
-        first reloads the entries the other one may have written since.
+        first reloads the entries the other one may have written since (unless the file is still
+        the one this process wrote last). The calls of this process share one hold of the lock:
+        among themselves they are ordered by the claim locks and the group commit, as without
+        the file lock, so a burst takes it once instead of queueing call after call behind it.
         """
         if self._file_lock is None:
             yield
             return
-        async with self._file_lock:
-            if reload:
-                await self._reload_checkpoint()
+        async with self._hold_lock:  # orders the taking and the reload, not the calls
+            if self._holders == 0:
+                await self._file_lock.acquire()
+                try:
+                    if reload:
+                        await self._reload_checkpoint()
+                except BaseException:
+                    self._file_lock.release()
+                    raise
+            self._holders += 1
+        try:
             yield
+        finally:
+            self._holders -= 1
+            if self._holders == 0:
+                self._file_lock.release()
 
     async def _reload_checkpoint(self) -> None:
-        outcome = await anyio.to_thread.run_sync(load_checkpoint, self.store.path, self.clock.time())
+        if self.store.is_current():
+            return  # nobody wrote since we last wrote or read it: memory holds what the file holds
+        outcome = await self.store.reload(self.clock.time())
         if outcome.problem is not None:
             # Keep the entries in memory: they are the best record left; the next write restores the file.
             await self._report_recovery(
@@ -737,8 +793,6 @@ class DeviceState:
                 await self.store.flush()
             except CheckpointWriteError as error:
                 log.error("cannot rewrite the checkpoint", extra=log_fields(error=str(error)))
-            return
-        self.store.load(outcome.data.entries if outcome.data is not None else {})
 
     @asynccontextmanager
     async def _claim_lock(self, uid: str) -> AsyncIterator[None]:
@@ -755,6 +809,21 @@ class DeviceState:
             else:
                 self._claim_locks[uid] = (lock, users - 1)
 
+    @contextmanager
+    def _counted_call(self) -> Iterator[None]:
+        """Gauges and the listener are updated when the last call in flight ends, not per call.
+
+        They cost O(prepared claims): per call, a burst of 100 concurrent calls paid O(n²) on
+        the event loop (12 % of its time); the last call to end reports the state all left.
+        """
+        self._calls += 1
+        try:
+            yield
+        finally:
+            self._calls -= 1
+            if self._calls == 0:
+                self._update_gauges()
+
     def _step(self, step: Step, uid: str) -> None:
         if self.hooks is not None:
             self.hooks.reached(step, uid)
@@ -762,17 +831,18 @@ class DeviceState:
     def _count(self, operation: str, result: str, reason: str = "") -> None:
         if self.metrics is None:
             return
-        self.metrics.claim_operations.labels(self.driver, operation, result).inc()
+        self._child(self.metrics.claim_operations, self.driver, operation, result).inc()
         if reason:
-            self.metrics.claim_errors.labels(self.driver, operation, reason).inc()
+            self._child(self.metrics.claim_errors, self.driver, operation, reason).inc()
 
     def _update_gauges(self) -> None:
         self._notify()
         if self.metrics is None:
             return
         prepared = self.prepared_claims()
-        self.metrics.prepared_claims.labels(self.driver).set(len(prepared))
-        self.metrics.prepared_devices.labels(self.driver).set(sum(len(e.devices) for e in prepared.values()))
+        self._child(self.metrics.prepared_claims, self.driver).set(len(prepared))
+        devices = sum(len(e.devices) for e in prepared.values())
+        self._child(self.metrics.prepared_devices, self.driver).set(devices)
 
     def _notify(self) -> None:
         if self.listener is None:

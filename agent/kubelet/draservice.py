@@ -27,7 +27,7 @@ from agent.core.logs import log_fields
 from agent.core.model import is_dns_label, is_dns_subdomain
 from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1 as pb_v1
 from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1beta1 as pb_v1beta1
-from agent.observe.metrics import Metrics
+from agent.observe.metrics import Children, Metrics
 
 log = logging.getLogger("agent.kubelet.draservice")
 
@@ -116,6 +116,7 @@ class DRAService:
         self.driver = driver
         self.preparer = preparer
         self._metrics = metrics
+        self._child = Children()
         self._ready = preparer_ready
 
     def preparer_ready(self) -> bool:
@@ -151,7 +152,7 @@ class DRAService:
         started = time.monotonic()
         result = "ok"
         if self._metrics is not None:
-            self._metrics.grpc_in_flight.labels(self.driver, label).inc()
+            self._child(self._metrics.grpc_in_flight, self.driver, label).inc()
         try:
             refs = validate_claims(claims)
             if not refs:
@@ -194,8 +195,8 @@ class DRAService:
             raise
         finally:
             if self._metrics is not None:
-                self._metrics.grpc_in_flight.labels(self.driver, label).dec()
-                self._metrics.grpc_requests.labels(self.driver, label, result).inc()
+                self._child(self._metrics.grpc_in_flight, self.driver, label).dec()
+                self._child(self._metrics.grpc_requests, self.driver, label, result).inc()
 
 
 def _missing(results: Mapping[str, T], uid: str, default: T) -> T:

@@ -1,6 +1,7 @@
 """Crash-test harness: runs one DeviceState operation in its own process and SIGKILLs it at a step.
 
-    python tests/kubelet/crash_harness.py ROOT OP [--crash-at STEP] [--boot-id ID] [UID ...]
+    python tests/kubelet/crash_harness.py ROOT OP [--crash-at STEP | --crash-in-group-write K]
+        [--boot-id ID] [UID ...]
 
 ROOT holds ``claims.json`` (the API server's claims, a list of v1 dicts), ``backend.json`` (the
 file-backed fake backend's prepared devices), ``state/`` and ``cdi/``. ``--sharing`` uses the real
@@ -8,7 +9,9 @@ fake backend instead (profile nvidia-a100-8x, consumable-shares=memory, driver g
 its time-slicing record and MPS daemons live under ``state/``. OP is ``start`` (start-up
 reconcile only), ``prepare`` or ``unprepare`` (after start) of the given claim UIDs. When a claim
 reaches STEP the process kills itself with SIGKILL, as ``kill -9`` would; otherwise it prints the
-results as JSON on stdout.
+results as JSON on stdout. With ``--crash-in-group-write K`` it kills itself in the middle of the
+K-th checkpoint write that carries the changes of more than one claim (a group commit): the temp
+file written, not yet renamed over the checkpoint.
 """
 
 from __future__ import annotations
@@ -36,11 +39,36 @@ class CrashAt:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class CrashInGroupWrite:
+    """Replaces the checkpoint's `write_atomic`: SIGKILL mid-write at the K-th group commit."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.previous: dict[str, Any] = {}
+
+    def __call__(self, path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
+        from agent.claims import atomicfile
+
+        entries = json.loads(data)["entries"]
+        changed = {u for u in entries.keys() | self.previous.keys() if entries.get(u) != self.previous.get(u)}
+        if len(changed) > 1:
+            self.k -= 1
+            if self.k == 0:
+                atomicfile.temp_path_for(path).write_bytes(data[: len(data) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+        atomicfile.write_atomic(path, data, mode=mode, durable=durable)
+        self.previous = entries
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from agent.claims.state import DeviceState
     from agent.core.backend import ClaimRef
     from tests.kubelet.fakes import DRIVER, NODE, FakeClaimSource, FileBackend
 
+    if args.crash_in_group_write:
+        import agent.claims.checkpoint
+
+        vars(agent.claims.checkpoint)["write_atomic"] = CrashInGroupWrite(args.crash_in_group_write)
     root = Path(args.root)
     claims = json.loads((root / "claims.json").read_text())
     driver, backend = DRIVER, FileBackend(root / "backend.json")
@@ -84,6 +112,7 @@ def main() -> None:
     parser.add_argument("op", choices=("start", "prepare", "unprepare"))
     parser.add_argument("uids", nargs="*")
     parser.add_argument("--crash-at", default="")
+    parser.add_argument("--crash-in-group-write", type=int, default=0)
     parser.add_argument("--boot-id", default="boot-1")
     parser.add_argument("--sharing", action="store_true")
     args = parser.parse_args()

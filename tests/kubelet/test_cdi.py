@@ -122,6 +122,18 @@ def test_render_starts_with_document_marker_and_parses() -> None:
     assert text.index("cdiVersion") < text.index("kind") < text.index("devices")
 
 
+def test_rendered_json_body_reads_back_as_yaml_with_awkward_values() -> None:
+    """The body is JSON, which a YAML 1.1 parser (the CDI library's) must read back unchanged.
+
+    container-device-interface ``pkg/cdi/spec.go`` ``ParseSpec`` unmarshals every spec file as YAML.
+    """
+    env = {"A": "yes", "B": "0x10", "C": "a: b # c", "D": "é ü 日本", "E": "", "F": "null", "G": '"q"\\'}
+    spec = spec_of(f"{UID}-gpu-0", ContainerEdits(env=env, mounts=(Mount("/h:x", "/c #1", ("ro",)),)))
+    text = render_spec(spec, {"uid": UID, "note": "ü"}).decode()
+    assert yaml.safe_load(text) == spec
+    assert yaml.load(text, Loader=yaml.BaseLoader) == spec  # no implicit typing either
+
+
 def test_writer_writes_lists_and_removes(tmp_path: Path) -> None:
     writer = CdiSpecWriter(tmp_path / "cdi", DRIVER)
     assert writer.claim_spec_uids() == set()

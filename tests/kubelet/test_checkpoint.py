@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -37,6 +40,10 @@ ENTRY = ClaimEntry(
         CheckpointDevice("node-a", "gpu-1", ("gpu", "b"), "s1", ()),
     ),
 )
+
+
+def disk_full(fd: int, data: bytes) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
 
 
 def listing(directory: Path) -> list[str]:
@@ -197,10 +204,7 @@ async def test_disk_full_keeps_previous_file_and_reverts_memory(
     await store.put(ENTRY)
     before = path.read_bytes()
 
-    def full(fd: int, data: bytes) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", full)
+    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", disk_full)
     other = ClaimEntry("u2", "ns", "c2", ClaimPhase.STARTED)
     with pytest.raises(CheckpointWriteError, match="No space left on device"):
         await store.put(other)
@@ -267,3 +271,252 @@ def test_corrupt_file_that_cannot_be_moved_is_still_reported(
     assert outcome.problem is not None
     assert outcome.moved_to is None
     assert outcome.data is None
+
+
+async def test_every_waiter_of_a_group_commit_returns_once_its_change_is_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    synced: list[set[str]] = []
+    real = agent.claims.atomicfile.write_atomic
+
+    def recording(target: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
+        real(target, data, mode=mode, durable=durable)
+        synced.append(set(decode(data).entries))
+
+    monkeypatch.setattr("agent.claims.checkpoint.write_atomic", recording)
+    store = CheckpointStore(path, "boot-1")
+
+    async def put(uid: str) -> None:
+        await store.put(ClaimEntry(uid, "ns", uid, ClaimPhase.STARTED))
+        # Returned: some durable write that completed already holds this change.
+        assert any(uid in written for written in synced)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(20):
+            tg.start_soon(put, f"u{i}")
+    assert len(synced) < 20
+    assert any(len(b - a) > 1 for a, b in zip([set(), *synced], synced, strict=False))  # coalesced
+
+
+async def test_fsync_failure_reaches_every_waiter_of_a_group_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.put(ENTRY)
+    before = path.read_bytes()
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    failures: list[str] = []
+
+    async def put(uid: str) -> None:
+        try:
+            await store.put(ClaimEntry(uid, "ns", uid, ClaimPhase.STARTED))
+        except CheckpointWriteError as error:
+            failures.append(str(error))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(10):
+            tg.start_soon(put, f"u{i}")
+    assert len(failures) == 10
+    assert all("Input/output error" in f for f in failures)
+    assert store.entries() == {"u1": ENTRY}  # every change reverted
+    assert path.read_bytes() == before
+    assert listing(tmp_path) == ["checkpoint.json"]
+
+
+async def test_is_current_until_another_writer_replaces_or_edits_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    assert not store.is_current()  # nothing written yet
+    await store.put(ENTRY)
+    assert store.is_current()
+    # Another agent (rolling update) replaces the file with content of the same size.
+    other = CheckpointStore(path, "boot-1")
+    await other.put(ClaimEntry("u1", "default", "c2", ENTRY.phase, ENTRY.devices))
+    assert path.stat().st_size == len(encode(CheckpointData("boot-1", {"u1": ENTRY})))
+    assert not store.is_current()
+    assert other.is_current()
+    # Edited in place (same inode): the size or times differ.
+    with path.open("ab") as f:
+        f.write(b" ")
+    assert not other.is_current()
+    # Reading the file (another writer's content) forgets what was written last.
+    await store.put(ENTRY)
+    store.load({"u1": ENTRY})
+    assert not store.is_current()
+    path.unlink()
+    await other.flush()
+    assert other.is_current()
+    path.unlink()
+    assert not other.is_current()
+    store.close()
+    other.close()
+    assert not other.is_current()
+
+
+async def test_actions_run_in_the_hop_of_the_write_that_carries_their_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CDI spec of a completed claim is written before any checkpoint write names the claim."""
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.flush()
+    hops = 0
+    real_run_sync = anyio.to_thread.run_sync
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal hops
+        hops += 1
+        return await real_run_sync(*args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+    seen_at_action: dict[str, set[str]] = {}
+
+    def action(uid: str) -> Callable[[], None]:
+        def run() -> None:
+            seen_at_action[uid] = set(decode(path.read_bytes()).entries)
+
+        return run
+
+    async with anyio.create_task_group() as tg:
+        for i in range(10):
+            entry = ClaimEntry(f"u{i}", "ns", f"c{i}", ClaimPhase.COMPLETED)
+            tg.start_soon(functools.partial(store.put, entry, before=action(f"u{i}")))
+    assert all(uid not in on_disk for uid, on_disk in seen_at_action.items())
+    assert set(decode(path.read_bytes()).entries) == {f"u{i}" for i in range(10)}
+    assert hops < 10  # actions and writes share hops
+
+
+async def test_a_failed_action_fails_its_change_only(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.put(ENTRY)
+    failures: dict[str, BaseException] = {}
+
+    def cdi_full() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def put(uid: str) -> None:
+        try:
+            await store.put(
+                ClaimEntry(uid, "ns", uid, ClaimPhase.COMPLETED), before=cdi_full if uid == "u3" else None
+            )
+        except OSError as error:
+            failures[uid] = error
+
+    async with anyio.create_task_group() as tg:
+        for i in range(2, 6):
+            tg.start_soon(put, f"u{i}")
+    assert list(failures) == ["u3"]
+    assert not isinstance(failures["u3"], CheckpointWriteError)  # the action's own error
+    assert set(decode(path.read_bytes()).entries) == {"u1", "u2", "u4", "u5"}
+    assert set(store.entries()) == {"u1", "u2", "u4", "u5"}
+
+
+async def test_an_action_that_fails_with_the_write_reports_the_action(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.put(ENTRY)
+
+    def cdi_full() -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", disk_full)
+    with pytest.raises(OSError, match="Read-only"):
+        await store.put(ClaimEntry("u2", "ns", "c2", ClaimPhase.COMPLETED), before=cdi_full)
+    assert store.entries() == {"u1": ENTRY}
+
+
+async def test_a_put_cancelled_before_its_write_drops_its_entry_and_action(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    ran: list[str] = []
+    held, release = anyio.Event(), anyio.Event()
+
+    async def writing() -> None:  # a write in progress: the put waits for it
+        async with store._write_lock:
+            held.set()
+            await release.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writing)
+        await held.wait()
+        with anyio.move_on_after(0.01):
+            await store.put(
+                ClaimEntry("u2", "ns", "c2", ClaimPhase.COMPLETED), before=lambda: ran.append("u2")
+            )
+        release.set()
+    await store.put(ENTRY)
+    assert ran == []
+    assert set(decode(path.read_bytes()).entries) == {"u1"}
+    assert set(store.entries()) == {"u1"}
+
+
+async def test_afters_run_once_the_removal_is_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CDI spec of an unprepared claim goes only once no checkpoint on disk names the claim."""
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    store.load({f"u{i}": ClaimEntry(f"u{i}", "ns", f"c{i}", ClaimPhase.COMPLETED) for i in range(10)})
+    await store.flush()
+    syncs = 0
+    real_fsync = os.fsync
+
+    def counting(fd: int) -> None:
+        nonlocal syncs
+        syncs += 1
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    seen: dict[str, tuple[set[str], int]] = {}
+
+    def action(uid: str) -> Callable[[], None]:
+        def run() -> None:
+            seen[uid] = (set(decode(path.read_bytes()).entries), syncs)
+
+        return run
+
+    async with anyio.create_task_group() as tg:
+        for i in range(10):
+            tg.start_soon(functools.partial(store.remove, f"u{i}", after=action(f"u{i}")))
+            # Non-durable writes in between must not run the afters.
+            entry = ClaimEntry(f"s{i}", "ns", f"s{i}", ClaimPhase.STARTED)
+            tg.start_soon(functools.partial(store.put, entry, durable=False))
+    assert set(seen) == {f"u{i}" for i in range(10)}
+    assert all(uid not in on_disk and synced > 0 for uid, (on_disk, synced) in seen.items())
+    assert set(decode(path.read_bytes()).entries) == {f"s{i}" for i in range(10)}
+
+
+async def test_a_failed_after_is_raised_and_a_failed_write_runs_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    store.load({"u1": ENTRY, "u2": ClaimEntry("u2", "ns", "c2", ClaimPhase.COMPLETED)})
+    await store.flush()
+
+    def busy() -> None:
+        raise OSError(errno.EBUSY, "Device or resource busy")
+
+    with pytest.raises(OSError, match="busy"):
+        await store.remove("u2", after=busy)
+    assert set(store.entries()) == {"u1"}  # dropped all the same
+    assert set(decode(path.read_bytes()).entries) == {"u1"}
+
+    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", disk_full)
+    ran: list[str] = []
+    with pytest.raises(CheckpointWriteError):
+        await store.remove("u1", after=lambda: ran.append("u1"))
+    assert ran == []
+    assert set(store.entries()) == {"u1"}
+    monkeypatch.undo()
+    await store.remove("u1", after=lambda: ran.append("u1"))  # the kubelet's retry
+    assert ran == ["u1"]

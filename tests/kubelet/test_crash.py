@@ -32,26 +32,36 @@ UNPREPARE_STEPS = [s for s in Step if s.value.startswith("unprepare-")]
 
 
 def harness(
-    root: Path, op: str, *, crash_at: Step | None = None, boot: str = "boot-1"
+    root: Path,
+    op: str,
+    *,
+    crash_at: Step | None = None,
+    boot: str = "boot-1",
+    uids: tuple[str, ...] = (U1, U2),
+    crash_in_group_write: int = 0,
 ) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, str(HARNESS), str(root), op, U1, U2, "--boot-id", boot]
+    args = [sys.executable, str(HARNESS), str(root), op, *uids, "--boot-id", boot]
     if crash_at is not None:
         args += ["--crash-at", crash_at.value]
+    if crash_in_group_write:
+        args += ["--crash-in-group-write", str(crash_in_group_write)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, check=False)
 
 
-def setup_root(tmp_path: Path) -> Path:
-    (tmp_path / "claims.json").write_text(json.dumps(CLAIMS))
+def setup_root(tmp_path: Path, claims: list[dict[str, Any]] = CLAIMS) -> Path:
+    (tmp_path / "claims.json").write_text(json.dumps(claims))
     return tmp_path
 
 
-def agent(root: Path, boot: str = "boot-1") -> tuple[DeviceState, FileBackend]:
+def agent(
+    root: Path, boot: str = "boot-1", claims: list[dict[str, Any]] = CLAIMS
+) -> tuple[DeviceState, FileBackend]:
     backend = FileBackend(root / "backend.json")
     state = DeviceState(
         DRIVER,
         backend,
-        FakeClaimSource(CLAIMS),
+        FakeClaimSource(claims),
         node_name=NODE,
         cdi_root=root / "cdi",
         state_dir=root / "state",
@@ -142,3 +152,31 @@ def test_harness_runs_to_completion_without_crash(tmp_path: Path) -> None:
 
 def test_claimref_of_harness_claims() -> None:
     assert REFS[0] == ClaimRef("default", f"claim-{U1}", U1)
+
+
+MANY = [make_claim(f"{i}a2e-1111-4222-8333-444455556666", devices=(f"gpu-{i}",)) for i in range(6)]
+MANY_UIDS = tuple(c["metadata"]["uid"] for c in MANY)
+
+
+@pytest.mark.parametrize("op", ["prepare", "unprepare"])
+@pytest.mark.parametrize("k", [1, 2])
+async def test_kill_in_the_middle_of_a_group_commit(tmp_path: Path, op: str, k: int) -> None:
+    """Six claims in one call share checkpoint writes; kill -9 while one such write is half done."""
+    root = setup_root(tmp_path, MANY)
+    refs = [ref_of(c) for c in MANY]
+    if op == "unprepare":
+        state, _ = agent(root, claims=MANY)
+        await state.start()
+        assert {r.error for r in (await state.prepare(refs)).values()} == {""}
+    crashed = harness(root, op, uids=MANY_UIDS, crash_in_group_write=k)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr or crashed.stdout
+
+    state, backend = agent(root, claims=MANY)
+    await state.start()  # the half-written temp file is removed, the checkpoint is the last whole one
+    assert [p.name for p in (root / "state").iterdir()] == ["checkpoint.json"]
+    check_invariants(root, backend, backend_matches=op == "prepare")
+    if op == "prepare":
+        assert {r.error for r in (await state.prepare(refs)).values()} == {""}
+        assert set(check_invariants(root, backend, backend_matches=True)) == set(MANY_UIDS)
+    assert set((await state.unprepare(refs)).values()) == {""}
+    assert check_invariants(root, backend, backend_matches=True) == {}

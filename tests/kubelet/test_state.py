@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import agent.claims.atomicfile
+import agent.claims.checkpoint
 from agent.claims.checkpoint import CheckpointWriteError, ClaimPhase, decode
 from agent.claims.filelock import FileLock
 from agent.claims.preparer import ClaimPreparer, PreparedDevice, PrepareResult
@@ -218,10 +219,10 @@ async def test_disk_full_on_cdi_write_is_a_claim_error(
     real_put = state.store.put
     calls = 0
 
-    async def put_then_fill_disk(entry: Any, durable: bool = True) -> None:
+    async def put_then_fill_disk(entry: Any, durable: bool = True, before: Any = None) -> None:
         nonlocal calls
         calls += 1
-        await real_put(entry, durable=durable)
+        await real_put(entry, durable=durable, before=before)
         if calls == 1:  # PrepareStarted is on disk; now the disk fills up
             monkeypatch.setattr(agent.claims.atomicfile, "_write_all", disk_full)
 
@@ -557,10 +558,11 @@ async def test_failed_prepare_completed_write_rolls_back(
     state, backend = build(tmp_path, FakeClaimSource([claim]))
     real_put = state.store.put
 
-    async def fail_completed(entry: Any, durable: bool = True) -> None:
+    async def fail_completed(entry: Any, durable: bool = True, before: Any = None) -> None:
         if entry.phase is ClaimPhase.COMPLETED:
+            before()  # the spec is written in the hop of the write that fails
             raise CheckpointWriteError("cannot write the checkpoint: No space left on device")
-        await real_put(entry, durable=durable)
+        await real_put(entry, durable=durable, before=before)
 
     monkeypatch.setattr(state.store, "put", fail_completed)
     assert "No space left on device" in (await state.prepare([ref_of(claim)]))[UID].error
@@ -582,3 +584,125 @@ async def test_steps_are_reported_in_order(tmp_path: Path) -> None:
     await state.unprepare([ref_of(claim)])
     assert [s for s, _ in seen] == [s.value for s in Step]
     assert {u for _, u in seen} == {UID}
+
+
+async def test_file_lock_rereads_the_checkpoint_only_after_another_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache of `DeviceState._serialized`: memory is trusted while the file is our last write."""
+    c1, c2 = make_claim(UID), make_claim("u2", devices=("gpu-1",))
+    source = FakeClaimSource([c1, c2])
+    lock = tmp_path / "serialize.lock"
+    reads: list[Path] = []
+    real_load = agent.claims.checkpoint.load_checkpoint
+
+    def counting(path: Path, now: float | None = None) -> Any:
+        reads.append(path)
+        return real_load(path, now)
+
+    monkeypatch.setattr(agent.claims.checkpoint, "load_checkpoint", counting)
+    old, _ = build(tmp_path, source, lock_path=lock)
+    await old.start()
+    assert (await old.prepare([ref_of(c1)]))[UID].error == ""
+    assert await old.unprepare([ref_of(c1)]) == {UID: ""}
+    assert (await old.prepare([ref_of(c1)]))[UID].error == ""
+    assert (await old.prepare([ref_of(c1)]))[UID].error == ""  # answered from memory: no write
+    assert reads == []  # the start reads with its own call, then every call trusts memory
+    new, _ = build(tmp_path, source, lock_path=lock)
+    await new.start()
+    assert (await new.prepare([ref_of(c2)]))["u2"].error == ""
+    reads.clear()
+    # The old pod sees the new pod's write and keeps its entry.
+    assert (await old.prepare([ref_of(c1)]))[UID].error == ""
+    assert len(reads) == 1
+    assert await old.unprepare([ref_of(c1)]) == {UID: ""}
+    assert len(reads) == 1
+    assert set(checkpoint(tmp_path)) == {"u2"}
+
+
+class RecordingListener:
+    def __init__(self) -> None:
+        self.told: list[set[str]] = []
+
+    def prepared_changed(self, driver: str, prepared: Any) -> None:
+        self.told.append({ref.uid for ref in prepared})
+
+    def claims_read(self, claims: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("file_lock", [False, True], ids=["no-lock", "file-lock"])
+async def test_concurrent_calls_report_the_prepared_claims_once_the_last_one_ends(
+    tmp_path: Path, file_lock: bool
+) -> None:
+    """With the file lock, the calls share its hold: the last out releases it, whichever took it."""
+    claims = [make_claim(f"u{i}", devices=(f"gpu-{i % 4}",)) for i in range(20)]
+    listener = RecordingListener()
+    metrics = Metrics()
+    state, _ = build(
+        tmp_path,
+        FakeClaimSource(claims, delay=0.001),
+        listener=listener,
+        metrics=metrics,
+        lock_path=tmp_path / "serialize.lock" if file_lock else None,
+    )
+    await state.start()
+    listener.told.clear()
+    async with anyio.create_task_group() as tg:
+        for claim in claims:
+            tg.start_soon(state.prepare, [ref_of(claim)])
+    assert 1 <= len(listener.told) < 20
+    assert listener.told[-1] == {f"u{i}" for i in range(20)}
+    assert metrics.registry.get_sample_value("dra_agent_prepared_claims", {"driver": DRIVER}) == 20
+    # A call that fails as a whole still reports what the others changed meanwhile.
+    listener.told.clear()
+    with pytest.raises(ClaimRequestError):
+        await state.prepare([ClaimRef("default", "missing", "u-missing")])
+    assert listener.told == [{f"u{i}" for i in range(20)}]
+    assert await state.unprepare([ref_of(c) for c in claims]) == {f"u{i}": "" for i in range(20)}
+    assert listener.told[-1] == set()
+
+
+class GatedBackend(FakeBackend):
+    """Prepare of `gated` waits for `open`, after setting `entered`."""
+
+    def __init__(self, gated: str) -> None:
+        super().__init__()
+        self.gated = gated
+        self.entered = anyio.Event()
+        self.open = anyio.Event()
+
+    async def prepare(self, device: str, claim: ClaimRef) -> Any:
+        if device == self.gated:
+            self.entered.set()
+            await self.open.wait()
+        return await super().prepare(device, claim)
+
+
+async def test_calls_of_one_process_share_the_file_lock_and_exclude_another_agent(tmp_path: Path) -> None:
+    slow, fast = make_claim(UID, devices=("gpu-0",)), make_claim("u2", devices=("gpu-1",))
+    lock_path = tmp_path / "serialize.lock"
+    backend = GatedBackend("gpu-0")
+    state, _ = build(tmp_path, FakeClaimSource([slow, fast]), backend, lock_path=lock_path)
+    await state.start()
+    other_agent = FileLock(lock_path, poll_interval=0.001)
+    other_took = anyio.Event()
+
+    async def other() -> None:
+        async with other_agent:
+            other_took.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(state.prepare, [ref_of(slow)])
+        with anyio.fail_after(5):
+            await backend.entered.wait()
+        tg.start_soon(other)
+        with anyio.fail_after(5):  # not queued behind the slow call of the same process
+            assert (await state.prepare([ref_of(fast)]))["u2"].error == ""
+        await anyio.sleep(0.02)
+        assert not other_took.is_set()  # the slow call still holds the lock for this process
+        backend.open.set()
+        with anyio.fail_after(5):
+            await other_took.wait()
+    assert set(checkpoint(tmp_path)) == {UID, "u2"}
+    other_agent.close()

@@ -108,3 +108,23 @@ def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     write_atomic(tmp_path / "f", b"hello")
     monkeypatch.undo()
     assert (tmp_path / "f").read_bytes() == b"hello"
+
+
+async def test_lock_taken_by_one_task_may_be_released_by_another(tmp_path: Path) -> None:
+    path = tmp_path / "serialize.lock"
+    lock, other = FileLock(path), FileLock(path, poll_interval=0.001)
+    taken = anyio.Event()
+
+    async def take() -> None:
+        await lock.acquire()
+        taken.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(take)
+        await taken.wait()
+    lock.release()  # this task did not take it
+    with anyio.fail_after(5):
+        async with other:
+            pass
+    lock.close()
+    other.close()

@@ -17,6 +17,7 @@ from agent.observe.metrics import (
     HEALTH_LABELS,
     PUBLISH_ERROR_REASONS,
     REGISTRATION_RESULTS,
+    Children,
     Metrics,
 )
 from agent.observe.telemetry import TelemetryPoller
@@ -245,3 +246,19 @@ def test_every_metric_is_documented() -> None:
     names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
     missing = [n for n in names if f"`{n}`" not in doc and f"`{n}_info`" not in doc]
     assert not missing, f"add these metrics to deploy/observability.md: {missing}"
+
+
+def test_children_looks_each_label_set_up_once() -> None:
+    metrics = Metrics()
+    child = Children()
+    first = child(metrics.claim_operations, "d", "prepare", "success")
+    assert child(metrics.claim_operations, "d", "prepare", "success") is first
+    first.inc()
+    child(metrics.claim_operations, "d", "prepare", "error").inc(2)
+    child(metrics.grpc_requests, "d", "prepare", "error").inc()  # same labels, another metric
+    sample = metrics.registry.get_sample_value
+    labels = {"driver": "d", "operation": "prepare"}
+    assert sample("dra_agent_claim_operations_total", {**labels, "result": "success"}) == 1
+    assert sample("dra_agent_claim_operations_total", {**labels, "result": "error"}) == 2
+    grpc = {"driver": "d", "method": "prepare", "result": "error"}
+    assert sample("dra_agent_grpc_requests_total", grpc) == 1

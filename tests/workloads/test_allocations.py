@@ -243,6 +243,15 @@ async def test_without_pod_resources_the_pod_comes_from_reserved_for_and_is_said
         tg.cancel_scope.cancel()
     said = [r for r in caplog.records if "PodResources unavailable" in r.getMessage()]
     assert len(said) == 1
+    assert rig.state.claims.gets == 1  # type: ignore[attr-defined]  # the prepare's read served both
+
+
+async def test_reserved_for_of_a_failed_prepare_is_not_kept(tmp_path: Path, sock_dir: Path) -> None:
+    claim = reserved_claim(devices=("gpu-9",))  # not a device of the fake backend: the prepare fails
+    rig = Rig(tmp_path, FakeClaimSource([claim]), sock_dir / "absent.sock")
+    await rig.state.start()
+    assert (await rig.state.prepare([ref_of(claim)]))[UID].error
+    assert rig.attribution._reserved_for == {}
 
 
 async def test_series_are_bounded_by_devices_not_history(tmp_path: Path, sock_dir: Path) -> None:
