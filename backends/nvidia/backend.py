@@ -37,7 +37,7 @@ from backends.nvidia.edits import (
 )
 from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState, XidPolicy
 from backends.nvidia.migjournal import MigJournal
-from backends.nvidia.mps import ControlProgram, MpsDaemons, MpsProgram
+from backends.nvidia.mps import ControlProgram, MpsDaemons, MpsProgram, ShmMounter
 from backends.nvidia.nvml import Nvml, load_pynvml
 from backends.nvidia.sharing import DeviceFacts, GpuPolicy, NvSharingManager, SmiGpuPolicy, facts_of
 from backends.nvidia.telemetry import read_telemetry_sync
@@ -105,6 +105,7 @@ class NvidiaBackend:
         dev_root: Path | None = None,
         policy: GpuPolicy | None = None,
         mps_program: MpsProgram | None = None,
+        mps_shm: ShmMounter | None = None,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
         make_node: NodeMaker = mknod,
     ) -> None:
@@ -164,7 +165,7 @@ class NvidiaBackend:
         self._sharing = NvSharingManager(
             self._facts,
             policy or SmiGpuPolicy(),
-            MpsDaemons(state, mps_program or ControlProgram()),
+            MpsDaemons(state, mps_program or ControlProgram(), mps_shm),
         )
 
     @property
