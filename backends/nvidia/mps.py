@@ -48,6 +48,7 @@ from agent.core.backend import ContainerEdits, Mount
 from agent.core.errors import BackendError
 from agent.core.logs import log_fields
 from agent.core.quantity import Quantity
+from backends.nvidia.driverfiles import ProgramLocator, on_path
 from backends.nvidia.sharingconfig import MpsSettings
 
 log = logging.getLogger("agent.nvidia.mps")
@@ -92,21 +93,29 @@ class MpsProgram(Protocol):
         """Ask the daemon `pid` to exit (the caller kills it if it does not)."""
         ...
 
+    def launch_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The daemon's environment from `env` (blocking: may look the program up)."""
+        ...
+
 
 class ControlProgram:
-    """NVIDIA's ``nvidia-cuda-mps-control`` (found on the PATH or at `path`)."""
+    """NVIDIA's ``nvidia-cuda-mps-control``, found by `locate` (the driver's, or on the PATH)."""
 
     marker = CONTROL_PROGRAM
 
-    def __init__(self, path: str = CONTROL_PROGRAM) -> None:
-        self.path = path
+    def __init__(self, locate: ProgramLocator | None = None) -> None:
+        self._locate = locate or on_path(CONTROL_PROGRAM)
 
     def argv(self, settings: MpsSettings, uuid: str) -> list[str]:
-        return [self.path, "-f"]
+        return [self._locate().path, "-f"]
+
+    def launch_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        return self._locate().environ(env)
 
     async def _send(self, env: Mapping[str, str], command: str) -> None:
+        program = await anyio.to_thread.run_sync(self._locate)
         result = await anyio.run_process(
-            [self.path], input=f"{command}\n".encode(), env=dict(env), check=False
+            [program.path], input=f"{command}\n".encode(), env=program.environ(env), check=False
         )
         if result.returncode != 0:
             raise BackendError(
@@ -306,6 +315,9 @@ class MpsDaemons:
 
     def _spawn(self, device: str, uuid: str, settings: MpsSettings) -> None:
         base = self.directory(device)
+        # Look the program up first: a missing one fails the claim with nothing left behind.
+        argv = self.program.argv(settings, uuid)
+        env = self.program.launch_env(self.env(device, uuid))
         self._remove(device)
         for sub in ("pipe", "log", SHM_SUBDIR):
             (base / sub).mkdir(parents=True, exist_ok=True)
@@ -317,8 +329,8 @@ class MpsDaemons:
         try:
             with (base / "log" / "agent-launch.log").open("ab") as out:
                 child = subprocess.Popen(
-                    self.program.argv(settings, uuid),
-                    env=self.env(device, uuid),
+                    argv,
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=out,
@@ -328,7 +340,7 @@ class MpsDaemons:
             self._remove(device)
             raise BackendError(
                 f"cannot start the MPS control daemon for {device}: {error}; check that "
-                f"{CONTROL_PROGRAM} is installed with the driver and on the agent's PATH"
+                f"{CONTROL_PROGRAM} is installed with the driver (the nvidia backend's driver-root)"
             ) from error
         self._children[str(child.pid)] = child
         record = {"pid": child.pid, "uuid": uuid, "settings": settings_key(settings)}
