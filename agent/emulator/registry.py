@@ -651,6 +651,14 @@ class Registry:
         def in_use(field: str) -> bool:
             return field in used
 
+        # draConsumableCapacityFeatureInUse: either field anywhere in the old slice keeps both.
+        consumable_in_use = in_use("allowMultipleAllocations") or any(
+            isinstance(cap, dict) and "requestPolicy" in cap
+            for d in old_devices
+            if isinstance(d, dict) and isinstance(d.get("capacity"), dict)
+            for cap in d["capacity"].values()
+        )
+
         gate = self.gates.get
         # Upstream asks whether the old slice uses any partitionable field at all, not each one.
         drop_partitionable = not gate("DRAPartitionableDevices") and not _partitionable_in_use(old_spec)
@@ -677,7 +685,7 @@ class Registry:
                 for field in _BINDING_FIELDS:
                     if not in_use(field):
                         device.pop(field, None)
-            consumable = gate("DRAConsumableCapacity") or in_use("allowMultipleAllocations")
+            consumable = gate("DRAConsumableCapacity") or consumable_in_use
             if not consumable:
                 device.pop("allowMultipleAllocations", None)
             if not gate("DRAListTypeAttributes"):

@@ -21,6 +21,13 @@ gate off the API server drops ``sharedCounters`` and ``consumesCounters``
 (``dropDisabledDRAPartitionableDevicesFields`` in ``pkg/registry/resource/resourceslice/strategy.go``),
 and devices that overlap would all look free. A pool that has counters asks with one more dry-run
 create (`probe_counters`): a slice holding one counter set, kept or dropped.
+
+Shareable devices (consumable capacity) keep ``allowMultipleAllocations`` and each capacity's
+``requestPolicy`` only with ``DRAConsumableCapacity`` (alpha and off in 1.34 and 1.35, beta and on
+by default from 1.36): with the gate off the API server drops both
+(``dropDisabledDRAConsumableCapacityFields``, same file) and the scheduler allocates the devices
+exclusively. A pool with shareable devices asks with a dry-run create too (`probe_shares`): a
+slice holding one device with ``allowMultipleAllocations``, kept or dropped.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ class Capabilities:
     """False for a guess from the version (the probe could not run)."""
     counters: bool | None = None
     """The server keeps shared counters (``DRAPartitionableDevices`` on); None: not asked yet."""
+    shares: bool | None = None
+    """The server keeps ``allowMultipleAllocations`` (``DRAConsumableCapacity`` on); None: not asked yet."""
 
     @property
     def taint_support(self) -> ClusterTaintSupport:
@@ -84,6 +93,10 @@ class Capabilities:
         """These capabilities once a probe or a real write showed whether counters are kept
         (None: to be asked again)."""
         return dataclasses.replace(self, counters=kept)
+
+    def with_shares(self, kept: bool | None) -> Capabilities:
+        """The same for the sharing fields (`shares`)."""
+        return dataclasses.replace(self, shares=kept)
 
 
 def guess(info: ServerInfo) -> Capabilities:
@@ -117,43 +130,63 @@ async def probe(kube: SliceProber, info: ServerInfo, *, driver: str, node_name: 
     return Capabilities(info.git_version, True, 16, True)
 
 
+async def _dry_run(
+    kube: SliceProber,
+    info: ServerInfo,
+    driver: str,
+    node_name: str,
+    entries: list[dict[str, Any]],
+    **more: Any,
+) -> dict[str, Any]:
+    """The spec the server answers a dry-run create of a probe slice with (nothing is stored)."""
+    body = build_slice(
+        driver=driver,
+        node_name=node_name,
+        node_uid="",
+        entries=entries,
+        generation=1,
+        slice_count=1,
+        api_version=info.slice_version,
+        **more,
+    )
+    body["metadata"].pop("ownerReferences")  # nothing is stored; the owner's uid is not needed
+    answer = await kube.dry_run_create_resource_slice(body)
+    spec = answer.get("spec", {})
+    return spec if isinstance(spec, dict) else {}
+
+
+def _probe_device(info: ServerInfo, **fields: Any) -> dict[str, Any]:
+    """The probe device with `fields`, nested under ``basic`` for v1beta1."""
+    if info.slice_version == "v1beta1":
+        return {"name": PROBE_DEVICE, "basic": fields}
+    return {"name": PROBE_DEVICE, **fields}
+
+
+def _devices(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [flat_device(d) for d in spec.get("devices") or [] if isinstance(d, Mapping)]
+
+
 async def _try(
     kube: SliceProber, info: ServerInfo, driver: str, node_name: str, taints: list[tuple[str, str]]
 ) -> bool:
     """Whether the server kept the taints of an accepted probe slice."""
-    entry: dict[str, Any] = {"name": PROBE_DEVICE, "taints": [{"key": k, "effect": e} for k, e in taints]}
-    if info.slice_version == "v1beta1":
-        entry = {"name": PROBE_DEVICE, "basic": {"taints": entry["taints"]}}
-    body = build_slice(
-        driver=driver,
-        node_name=node_name,
-        node_uid="",
-        entries=[entry],
-        generation=1,
-        slice_count=1,
-        api_version=info.slice_version,
-    )
-    body["metadata"].pop("ownerReferences")  # nothing is stored; the owner's uid is not needed
-    answer = await kube.dry_run_create_resource_slice(body)
-    devices = answer.get("spec", {}).get("devices") or []
-    return any(flat_device(d).get("taints") for d in devices if isinstance(d, Mapping))
+    entry = _probe_device(info, taints=[{"key": k, "effect": e} for k, e in taints])
+    spec = await _dry_run(kube, info, driver, node_name, [entry])
+    return any(d.get("taints") for d in _devices(spec))
 
 
 async def probe_counters(kube: SliceProber, info: ServerInfo, *, driver: str, node_name: str) -> bool:
     """Whether the server keeps a slice's ``sharedCounters``; raises `KubeApiError` when it cannot answer."""
-    body = build_slice(
-        driver=driver,
-        node_name=node_name,
-        node_uid="",
-        entries=[],
-        generation=1,
-        slice_count=1,
-        api_version=info.slice_version,
-        shared_counters=[{"name": PROBE_DEVICE, "counters": {"probe": {"value": "1"}}}],
-    )
-    body["metadata"].pop("ownerReferences")
-    answer = await kube.dry_run_create_resource_slice(body)
-    return bool(answer.get("spec", {}).get("sharedCounters"))
+    counters = [{"name": PROBE_DEVICE, "counters": {"probe": {"value": "1"}}}]
+    spec = await _dry_run(kube, info, driver, node_name, [], shared_counters=counters)
+    return bool(spec.get("sharedCounters"))
+
+
+async def probe_shares(kube: SliceProber, info: ServerInfo, *, driver: str, node_name: str) -> bool:
+    """Whether the server keeps a device's ``allowMultipleAllocations``; raises `KubeApiError` when it
+    cannot answer."""
+    spec = await _dry_run(kube, info, driver, node_name, [_probe_device(info, allowMultipleAllocations=True)])
+    return any(d.get("allowMultipleAllocations") for d in _devices(spec))
 
 
 def describe(capabilities: Capabilities, **more: Any) -> dict[str, Any]:
@@ -166,4 +199,5 @@ def describe(capabilities: Capabilities, **more: Any) -> dict[str, Any]:
         none_effect=capabilities.none_effect,
         probed=capabilities.probed,
         counters=capabilities.counters,
+        shares=capabilities.shares,
     )

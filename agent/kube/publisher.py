@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,11 +36,13 @@ from agent.kube.capabilities import Capabilities
 from agent.kube.client import KubeClient, ServerInfo
 from agent.kube.events import EventQueue, EventRecorder
 from agent.kube.pool import PoolPlan, PoolTarget, desired_pool, plan_pool
-from agent.kube.report import PoolReport
-from agent.kube.slices import flat_device, server_minor, without_counters
+from agent.kube.report import SHARES, PoolReport
+from agent.kube.slices import flat_device, server_minor, without_counters, without_shares
 from agent.kube.validation import check_slice_spec
 from agent.observe.metrics import Metrics
 
+COUNTERS_SAID = "shared counters"
+SHARES_SAID = "sharing fields"
 log = logging.getLogger("agent.kube.publisher")
 
 RESOURCE = "resourceslices"
@@ -160,7 +162,8 @@ class SlicePublisher:
         self._own_versions: deque[str] = deque(maxlen=256)
         self._own_deletes: deque[str] = deque(maxlen=256)
         self._capabilities: Capabilities | None = None
-        self._counters_said: bool | None = None
+        self._said: dict[str, bool] = {}
+        """What the last probe said of each optional field ("shared counters", "sharing fields")."""
         self._episode = _Episode(clock, self.driver)
         self._last_refusal = ""
         self._last_write_at: float | None = None
@@ -233,10 +236,10 @@ class SlicePublisher:
                 )
             self._capabilities = None
             self._wake.set()
-        elif before is not None and before.counters is not None:
+        elif before is not None and (before.counters is not None or before.shares is not None):
             # Ask again at each resync (the gate may have changed). A gate turned off later keeps
-            # the counters of our slices (in use), so no write would show it; the probe's create would.
-            self._capabilities = before.with_counters(None)
+            # the fields of our slices (in use), so no write would show it; the probe's create would.
+            self._capabilities = before.with_counters(None).with_shares(None)
         return True
 
     async def _reconcile_loop(self) -> None:
@@ -397,27 +400,25 @@ class SlicePublisher:
         self._capabilities = found
         return found
 
-    async def _probe_counters(self, caps: Capabilities, info: ServerInfo) -> Capabilities:
-        """`caps` with `Capabilities.counters` asked of the server (kept, when it cannot say)."""
+    async def _probe_kept(self, what: str, probe: Callable[..., Awaitable[bool]], info: ServerInfo) -> bool:
+        """Whether the server keeps `what` ("shared counters", "sharing fields"), asked with `probe`
+        (kept, when it cannot say and no write showed otherwise)."""
         try:
-            kept = await capabilities.probe_counters(
-                self._kube, info, driver=self.driver, node_name=self._node
-            )
+            kept = await probe(self._kube, info, driver=self.driver, node_name=self._node)
         except KubeApiError as error:
             if error.status in (0, 429) or error.status >= 500:
                 raise  # an outage: retried with backoff like any pass
-            # Refused: the writes show whether counters are dropped (`_counters_dropped`), and
-            # what they showed stands (no rewrite with counters at each resync).
-            kept = self._counters_said is not False
+            # Refused: the writes show whether the fields are dropped (`_counters_dropped`,
+            # `_shares_dropped`), and what they showed stands (no rewrite at each resync).
+            kept = self._said.get(what) is not False
             log.warning(
-                "cannot probe whether the API server keeps shared counters",
+                f"cannot probe whether the API server keeps {what}",
                 extra=log_fields(driver=self.driver, error=str(error), assumed=kept),
             )
-        if kept != self._counters_said:
-            self._counters_said = kept
-            log.info("API server shared counters probed", extra=log_fields(driver=self.driver, kept=kept))
-        self._capabilities = caps.with_counters(kept)
-        return self._capabilities
+        if kept != self._said.get(what):
+            self._said[what] = kept
+            log.info(f"API server {what} probed", extra=log_fields(driver=self.driver, kept=kept))
+        return kept
 
     async def reconcile(self) -> PassResult:
         """One pass: make our slices match the inventory. Raises on API errors."""
@@ -437,10 +438,17 @@ class SlicePublisher:
         node_uid = await self._ensure_node()
         devices: Sequence[Device] = self._inventory.devices()
         if caps.counters is None and any(d.counter_sets or d.consumes_counters for d in devices):
-            caps = await self._probe_counters(caps, info)
+            kept = await self._probe_kept(COUNTERS_SAID, capabilities.probe_counters, info)
+            caps = self._capabilities = caps.with_counters(kept)
+        if caps.shares is None and any(d.allow_multiple_allocations for d in devices):
+            kept = await self._probe_kept(SHARES_SAID, capabilities.probe_shares, info)
+            caps = self._capabilities = caps.with_shares(kept)
         withheld: list[str] = []
         if caps.counters is False:
             devices, withheld = without_counters(devices)
+        exclusive: list[str] = []
+        if caps.shares is False:
+            devices, exclusive = without_shares(devices)
         wanted = self._policy.taint_map(devices, caps.taint_support)
         desired = desired_pool(
             devices,
@@ -479,7 +487,18 @@ class SlicePublisher:
                 extra=log_fields(driver=self.driver, device=counters_dropped),
             )
             caps = self._capabilities = caps.with_counters(False)
-            self._counters_said = False
+            self._said[COUNTERS_SAID] = False
+            self._wake.set()
+        if shares_dropped := _shares_dropped(stored):
+            # DRAConsumableCapacity is off though the probe said otherwise (or could not ask): the
+            # next pass publishes the devices for exclusive use, until a probe finds the fields kept.
+            log.warning(
+                "the API server dropped allowMultipleAllocations from our ResourceSlice (feature gate "
+                f"{SHARES.gate} is off)",
+                extra=log_fields(driver=self.driver, device=shares_dropped),
+            )
+            caps = self._capabilities = caps.with_shares(False)
+            self._said[SHARES_SAID] = False
             self._wake.set()
         if not caps.slice_taints:
             valid = {str(e["name"]) for chunk in desired.chunks for e in chunk}
@@ -488,9 +507,12 @@ class SlicePublisher:
             )
         else:
             detail = self._report.unpublishable({}, info.git_version)
-        detail = "; ".join(
-            x for x in (detail, self._report.counters_unpublishable(withheld, info.git_version)) if x
+        details = (
+            detail,
+            self._report.counters_unpublishable(withheld, info.git_version),
+            self._report.episode(SHARES, exclusive, info.git_version),
         )
+        detail = "; ".join(x for x in details if x)
         result = PassResult(len(plan.creates), len(plan.updates), len(plan.deletes))
         self._after_pass(result, published, len(desired.chunks), started)
         if self._on_published is not None:
@@ -568,6 +590,23 @@ def _taints_dropped(plan: PoolPlan, stored: Sequence[tuple[Mapping[str, Any], Ma
         }
         for entry in sent["spec"]["devices"]:
             if flat_device(entry).get("taints") and not kept.get(str(entry.get("name")), False):
+                return str(entry.get("name"))
+    return ""
+
+
+def _shares_dropped(stored: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> str:
+    """A shareable device that a create or update sent and the answer stores exclusive ("" if none):
+    ``dropDisabledDRAConsumableCapacityFields`` at work."""
+    for sent, answer in stored:
+        if not answer:
+            continue  # no body to compare (a fake client)
+        shareable = {
+            str(d.get("name"))
+            for d in answer.get("spec", {}).get("devices") or []
+            if isinstance(d, Mapping) and flat_device(d).get("allowMultipleAllocations")
+        }
+        for entry in sent.get("spec", {}).get("devices") or []:
+            if flat_device(entry).get("allowMultipleAllocations") and str(entry.get("name")) not in shareable:
                 return str(entry.get("name"))
     return ""
 

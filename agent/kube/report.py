@@ -12,6 +12,11 @@
 - counters the server drops (``DRAPartitionableDevices`` off): the devices that consume them
   and carry none (MIG placements) are withheld, *unpublishable* the same way (reason
   ``counters_unsupported``, Event ``DeviceCountersUnsupported``), and share the gauge.
+- sharing fields the server drops (``DRAConsumableCapacity`` off: ``allowMultipleAllocations``
+  and ``requestPolicy``): the shareable devices are published for exclusive use, *unpublishable*
+  as shares the same way (reason ``shares_unsupported``, Event ``DeviceSharesUnsupported``).
+
+Each of the three is an `Unsupported` told through one `PoolReport.episode`.
 
 Events go to an `EventQueue`, never awaited here.
 """
@@ -19,7 +24,8 @@ Events go to an `EventQueue`, never awaited here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from agent.core.logs import log_fields
@@ -32,6 +38,7 @@ log = logging.getLogger("agent.kube.publisher")  # the publisher's own reports: 
 
 TAINTS_GATE = "DRADeviceTaints"
 COUNTERS_GATE = "DRAPartitionableDevices"
+SHARES_GATE = "DRAConsumableCapacity"
 _NAMES_SHOWN = 5
 
 
@@ -53,6 +60,67 @@ def taint_text(taint: DeviceTaint) -> str:
     return f"{taint.key}{'=' + taint.value if taint.value else ''}:{taint.effect}"
 
 
+@dataclass(frozen=True)
+class Unsupported:
+    """Something the API server drops from slices while a feature gate is off, and how its episode
+    is told. The texts are formatted with ``driver``, ``count``, ``names`` and ``gate``."""
+
+    reason: str
+    """The ``dra_agent_publish_errors_total`` reason."""
+    event: str
+    gate: str
+    error: str
+    """The error logged when the episode starts."""
+    event_text: str
+    over: str
+    """The line logged when the episode ends."""
+    detail: str
+    """The readiness detail while it lasts."""
+    all_names: bool = False
+    """Name every device (else a few: a GPU has dozens of placements)."""
+
+
+TAINTS = Unsupported(
+    reason="taints_unsupported",
+    event="DeviceTaintUnsupported",
+    gate=TAINTS_GATE,
+    error="device taints cannot be published: the API server drops taints from ResourceSlices; "
+    "enable the {gate} feature gate on kube-apiserver, kube-scheduler and kube-controller-manager. "
+    "Until then these devices stay schedulable",
+    event_text="{driver}: devices {names} should be tainted but the API server drops device taints "
+    "(enable the {gate} feature gate)",
+    over="no device waits for an unpublishable taint any more",
+    detail="taints of {count} device(s) cannot be published ({names}): enable the {gate} gate",
+    all_names=True,
+)
+COUNTERS = Unsupported(
+    reason="counters_unsupported",
+    event="DeviceCountersUnsupported",
+    gate=COUNTERS_GATE,
+    error="partitionable devices cannot be published: the API server drops shared counters from "
+    "ResourceSlices; enable the {gate} feature gate on kube-apiserver and kube-scheduler. Until then "
+    "only the whole devices are published",
+    event_text="{driver}: {count} devices ({names}) are not published: the API server drops shared "
+    "counters (enable the {gate} feature gate)",
+    over="no device waits for unpublishable counters any more",
+    detail="{count} device(s) consuming shared counters cannot be published ({names}): "
+    "enable the {gate} gate",
+)
+SHARES = Unsupported(
+    reason="shares_unsupported",
+    event="DeviceSharesUnsupported",
+    gate=SHARES_GATE,
+    error="shareable devices cannot be published as such: the API server drops allowMultipleAllocations "
+    "and requestPolicy from ResourceSlices; enable the {gate} feature gate on kube-apiserver, "
+    "kube-scheduler, kube-controller-manager and the kubelet. Until then these devices are published "
+    "for exclusive use, one claim each",
+    event_text="{driver}: {count} devices ({names}) are published for exclusive use: the API server drops "
+    "allowMultipleAllocations and requestPolicy (enable the {gate} feature gate)",
+    over="no device waits for unpublishable shares any more",
+    detail="{count} device(s) cannot be published shareable ({names}): enable the {gate} gate",
+)
+
+
 class PoolReport:
     """Reports of one driver's pool; remembers what it already said."""
 
@@ -64,8 +132,8 @@ class PoolReport:
         self._events = events
         self._rejected: dict[str, str] = {}
         self._published: dict[str, frozenset[DeviceTaint]] = {}
-        self._unpublishable: frozenset[str] = frozenset()
-        self._withheld: frozenset[str] = frozenset()
+        self._episodes: dict[str, frozenset[str]] = {}
+        """Devices affected, per `Unsupported.reason` (empty: no episode)."""
         self._gauge_keys: set[tuple[str, str]] = set()
 
     def _event(self, reason: str, message: str, type: str) -> None:
@@ -137,67 +205,39 @@ class PoolReport:
 
     def unpublishable(self, taints: Mapping[str, Sequence[DeviceTaint]], server: str) -> str:
         """Devices whose taints the server drops; returns the readiness detail ("" when none)."""
-        now = frozenset(d for d, ts in taints.items() if ts)
-        names = ", ".join(sorted(now))
-        if now and not self._unpublishable:
-            log.error(
-                f"device taints cannot be published: the API server drops taints from ResourceSlices; "
-                f"enable the {TAINTS_GATE} feature gate on kube-apiserver, kube-scheduler and "
-                "kube-controller-manager. Until then these devices stay schedulable",
-                extra=log_fields(driver=self.driver, devices=names, server=server),
-            )
-            if self._metrics is not None:
-                self._metrics.publish_errors.labels(self.driver, "taints_unsupported").inc()
-            self._event(
-                "DeviceTaintUnsupported",
-                f"{self.driver}: devices {names} should be tainted but the API server drops device taints "
-                f"(enable the {TAINTS_GATE} feature gate)",
-                WARNING,
-            )
-        elif self._unpublishable and not now:
-            log.info(
-                "no device waits for an unpublishable taint any more", extra=log_fields(driver=self.driver)
-            )
-        self._unpublishable = now
-        self._set_gauge()
-        if not now:
-            return ""
-        return f"taints of {len(now)} device(s) cannot be published ({names}): enable the {TAINTS_GATE} gate"
+        return self.episode(TAINTS, (d for d, ts in taints.items() if ts), server)
 
     def counters_unpublishable(self, withheld: Sequence[str], server: str) -> str:
         """Devices withheld because the server drops counters; returns the readiness detail."""
-        now = frozenset(withheld)
-        names = _some(now)
-        if now and not self._withheld:
+        return self.episode(COUNTERS, withheld, server)
+
+    def episode(self, what: Unsupported, devices: Iterable[str], server: str) -> str:
+        """`devices` affected by `what` now: an error, a count and an Event when an episode starts,
+        a line when it ends; sets the gauge; returns the readiness detail ("" when none)."""
+        now = frozenset(devices)
+        before = self._episodes.get(what.reason, frozenset())
+        texts = {
+            "driver": self.driver,
+            "count": len(now),
+            "names": ", ".join(sorted(now)) if what.all_names else _some(now),
+            "gate": what.gate,
+        }
+        if now and not before:
             log.error(
-                "partitionable devices cannot be published: the API server drops shared counters from "
-                f"ResourceSlices; enable the {COUNTERS_GATE} feature gate on kube-apiserver and "
-                "kube-scheduler. Until then only the whole devices are published",
-                extra=log_fields(driver=self.driver, devices=names, count=len(now), server=server),
+                what.error.format(**texts),
+                extra=log_fields(driver=self.driver, devices=texts["names"], count=len(now), server=server),
             )
             if self._metrics is not None:
-                self._metrics.publish_errors.labels(self.driver, "counters_unsupported").inc()
-            self._event(
-                "DeviceCountersUnsupported",
-                f"{self.driver}: {len(now)} devices ({names}) are not published: the API server drops "
-                f"shared counters (enable the {COUNTERS_GATE} feature gate)",
-                WARNING,
-            )
-        elif self._withheld and not now:
-            log.info(
-                "no device waits for unpublishable counters any more", extra=log_fields(driver=self.driver)
-            )
-        self._withheld = now
+                self._metrics.publish_errors.labels(self.driver, what.reason).inc()
+            self._event(what.event, what.event_text.format(**texts), WARNING)
+        elif before and not now:
+            log.info(what.over, extra=log_fields(driver=self.driver))
+        self._episodes[what.reason] = now
         self._set_gauge()
-        if not now:
-            return ""
-        return (
-            f"{len(now)} device(s) consuming shared counters cannot be published ({names}): "
-            f"enable the {COUNTERS_GATE} gate"
-        )
+        return what.detail.format(**texts) if now else ""
 
     def _set_gauge(self) -> None:
         if self._metrics is not None:
             self._metrics.unpublishable_devices.labels(self.driver).set(
-                len(self._unpublishable | self._withheld)
+                len(frozenset().union(*self._episodes.values()))
             )

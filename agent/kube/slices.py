@@ -404,3 +404,18 @@ def without_counters(devices: Sequence[Device]) -> tuple[list[Device], list[str]
         else:
             kept.append(device)
     return kept, withheld
+
+
+def without_shares(devices: Sequence[Device]) -> tuple[list[Device], list[str]]:
+    """What a pool may hold where the API server drops the sharing fields (``DRAConsumableCapacity``
+    off): each shareable device without ``allowMultipleAllocations`` and its request policies, as
+    the server would store it (for exclusive use); returns (devices to publish, names changed)."""
+    kept: list[Device] = []
+    changed: list[str] = []
+    for device in devices:
+        if device.allow_multiple_allocations:
+            kept.append(dataclasses.replace(device, allow_multiple_allocations=False, request_policies={}))
+            changed.append(device.name)
+        else:
+            kept.append(device)
+    return kept, changed

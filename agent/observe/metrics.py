@@ -67,6 +67,7 @@ PUBLISH_ERROR_REASONS = (
     "internal",
     "taints_unsupported",
     "counters_unsupported",
+    "shares_unsupported",
 )
 """``reason`` values of `Metrics.publish_errors` known in advance (agent/kube/publisher.py); refusals
 add ``http_<status>``."""

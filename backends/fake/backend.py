@@ -53,7 +53,7 @@ from backends.amd.sharingconfig import check_shares
 from backends.fake import devicefile
 from backends.fake.dynamicmig import FakeDynamicMig
 from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
-from backends.nvidia.mps import MpsDaemons
+from backends.nvidia.mps import MpsDaemons, NoMounter
 from backends.nvidia.sharing import DeviceFacts, NvSharingManager, facts_of
 
 log = logging.getLogger("agent.fake")
@@ -142,7 +142,9 @@ class FakeBackend:
         """NVIDIA profiles: time-slicing and MPS through the fakes of `backends.fake.sharing`."""
         if vendor == "nvidia" and sharing_root is not None:
             self.sharing = NvSharingManager(
-                self._facts, FakeGpuPolicy(sharing_root), MpsDaemons(sharing_root / "mps", FakeMpsProgram())
+                self._facts,
+                FakeGpuPolicy(sharing_root),
+                MpsDaemons(sharing_root / "mps", FakeMpsProgram(), NoMounter()),
             )
         self._device_files = device_files
         self._devices = {d.name: d for d in devices}

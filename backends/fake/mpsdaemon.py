@@ -1,7 +1,7 @@
 """A stand-in MPS control daemon for the fake backend: ``python -m backends.fake.mpsdaemon``.
 
 It does what the agent can observe of the real one: it runs in the foreground until SIGTERM,
-and it records what it was started with (device, pipe directory, defaults) in
+and it records what it was started with (device, pipe and shared-memory directories, defaults) in
 ``$CUDA_MPS_LOG_DIRECTORY/daemon-state.json``, so tests and the demo can see the limits.
 """
 
@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         "pid": os.getpid(),
         "device": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         "pipeDirectory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY", ""),
+        "shmDirectory": os.environ.get("DRA_AGENT_MPS_SHM_DIRECTORY", ""),
         "defaultActiveThreadPercentage": args.active_thread_percentage,
         "defaultPinnedDeviceMemoryLimit": args.pinned_limit,
     }

@@ -81,6 +81,9 @@ class FakeMpsProgram:
     async def configure(self, env: Mapping[str, str], settings: MpsSettings, uuid: str) -> None:
         """The defaults went on the command line."""
 
+    def launch_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        return dict(env)
+
     async def quit(self, env: Mapping[str, str], pid: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)

@@ -22,7 +22,13 @@ from agent.core.sharing import ConsumableShares, DeviceShare, merge_edits
 from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT
 from backends.nvidia.capnodes import NodeMaker, ensure_cap_nodes, mknod
 from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
-from backends.nvidia.driverfiles import DEFAULT_HOOK_PATH, DriverFiles, HostView, find_driver_files
+from backends.nvidia.driverfiles import (
+    DEFAULT_HOOK_PATH,
+    DriverFiles,
+    HostView,
+    driver_program,
+    find_driver_files,
+)
 from backends.nvidia.dynamicmig import DynamicMig, gpu_handles_sync
 from backends.nvidia.edits import (
     AUTO,
@@ -37,7 +43,7 @@ from backends.nvidia.edits import (
 )
 from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState, XidPolicy
 from backends.nvidia.migjournal import MigJournal
-from backends.nvidia.mps import ControlProgram, MpsDaemons, MpsProgram
+from backends.nvidia.mps import CONTROL_PROGRAM, ControlProgram, MpsDaemons, MpsProgram, ShmMounter
 from backends.nvidia.nvml import Nvml, load_pynvml
 from backends.nvidia.sharing import DeviceFacts, GpuPolicy, NvSharingManager, SmiGpuPolicy, facts_of
 from backends.nvidia.telemetry import read_telemetry_sync
@@ -61,6 +67,8 @@ SETTINGS = (
     "dynamic-mig-dir",
 )
 STATE_SUBDIR = "mps"
+LIBRARY_LINKS_SUBDIR = "driver-libraries"
+"""Links to the driver's libraries: the library path of the driver programs the agent runs."""
 DEFAULT_DYNAMIC_MIG_DIR = "/var/lib/dra-agent"
 
 
@@ -105,6 +113,7 @@ class NvidiaBackend:
         dev_root: Path | None = None,
         policy: GpuPolicy | None = None,
         mps_program: MpsProgram | None = None,
+        mps_shm: ShmMounter | None = None,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
         make_node: NodeMaker = mknod,
     ) -> None:
@@ -160,11 +169,18 @@ class NvidiaBackend:
         self._shares = ConsumableShares.parse(
             settings.get(ConsumableShares.SETTING, "disabled"), f"nvidia setting {ConsumableShares.SETTING}"
         )
-        state = (options.state_dir or Path("/var/lib/dra-agent")) / STATE_SUBDIR / self._driver
+        state_dir = options.state_dir or Path("/var/lib/dra-agent")
+        state = state_dir / STATE_SUBDIR / self._driver
+        links = state_dir / LIBRARY_LINKS_SUBDIR / self._driver
         self._sharing = NvSharingManager(
             self._facts,
-            policy or SmiGpuPolicy(),
-            MpsDaemons(state, mps_program or ControlProgram()),
+            # The driver's programs, from the host's driver root: the agent's image has none.
+            policy or SmiGpuPolicy(driver_program(host, driver_root, "nvidia-smi", links)),
+            MpsDaemons(
+                state,
+                mps_program or ControlProgram(driver_program(host, driver_root, CONTROL_PROGRAM, links)),
+                mps_shm,
+            ),
         )
 
     @property

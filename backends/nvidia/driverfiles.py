@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from agent.core.backend import Hook, Mount
+from agent.core.errors import BackendError
 from backends.nvidia.nvml import find_library_dir
 
 DEFAULT_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
@@ -185,3 +187,81 @@ def find_driver_files(host: HostView, driver_root: str, hook_path: str = DEFAULT
         hooks.append(hook(installed_hook, "create-symlinks", [a for link in links for a in ("--link", link)]))
     missing = tuple(lib for lib in REQUIRED_LIBRARIES if lib + "." not in found)
     return DriverFiles(version, tuple(mounts), tuple(hooks), tuple(dirs), missing, installed_hook)
+
+
+class DriverProgramMissingError(BackendError):
+    """A driver program the agent runs (``nvidia-smi``, ``nvidia-cuda-mps-control``) is not installed."""
+
+
+@dataclass(frozen=True)
+class DriverProgram:
+    """A driver program as the agent runs it: its path and what its environment needs."""
+
+    path: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    """``PATH`` (the control daemon starts ``nvidia-cuda-mps-server`` from its own directory) and
+    ``LD_LIBRARY_PATH`` (the driver's libnvidia-ml), both under the driver root as the agent sees it."""
+
+    def environ(self, base: Mapping[str, str]) -> dict[str, str]:
+        """`base` with this program's directories put first."""
+        merged = dict(base)
+        for key, value in self.env.items():
+            merged[key] = f"{value}:{base[key]}" if base.get(key) else value
+        return merged
+
+
+ProgramLocator = Callable[[], DriverProgram]
+"""Finds a driver program (blocking: run in a worker thread); raises `DriverProgramMissingError`."""
+
+
+def on_path(name: str) -> ProgramLocator:
+    """A program run as named (on the agent's PATH, or an absolute path): tests and stand-ins."""
+    return lambda: DriverProgram(name)
+
+
+DRIVER_LIBRARY = re.compile(r"^lib(?:nvidia-[^/]*|cuda)\.so(?:\.[0-9.]+)?$")
+"""The driver's own libraries: only these go on a driver program's library path, never the host's libc."""
+
+
+def link_driver_libraries(libdir: Path, links: Path) -> None:
+    """Fill `links` with links to the driver's libraries in `libdir` (blocking)."""
+    links.mkdir(parents=True, exist_ok=True)
+    wanted = {p.name: p for p in libdir.iterdir() if DRIVER_LIBRARY.match(p.name)}
+    for old in links.iterdir():
+        if old.name not in wanted or os.readlink(old) != str(wanted[old.name]):
+            old.unlink()
+    for name, target in wanted.items():
+        if not (links / name).is_symlink():
+            (links / name).symlink_to(target)
+
+
+def driver_program(host: HostView, driver_root: str, name: str, links: Path) -> ProgramLocator:
+    """`name` in the driver's binary directories under `driver_root` (a host path) as the agent sees it.
+
+    The agent's image carries no driver: the chart mounts the host's ``/`` at ``/host``
+    (``host-root``), and the driver is at ``driver-root`` below it, as for the CDI specs. The
+    program's library path is `links`, a directory of links to the driver's libraries alone:
+    the host's library directory itself also holds the host's libc, which must not replace the
+    agent image's.
+    """
+
+    def locate() -> DriverProgram:
+        root_view = host.view(PurePosixPath(driver_root))
+        for sub in BINARY_DIRS:
+            candidate = root_view / sub / name
+            if _is_file(candidate) and os.access(candidate, os.X_OK):
+                env = {"PATH": str(candidate.parent)}
+                libdir = find_library_dir(root_view)
+                if libdir is not None:
+                    link_driver_libraries(libdir, links)
+                    env["LD_LIBRARY_PATH"] = str(links)
+                return DriverProgram(str(candidate), env)
+        looked = ", ".join(str(root_view / sub) for sub in BINARY_DIRS)
+        raise DriverProgramMissingError(
+            f"NVIDIA backend: {name} is not installed under the driver root {driver_root} "
+            f"(looked in {looked}); set the nvidia backend's driver-root to where the driver is "
+            f"installed on the host and host-root to where the agent sees the host's / "
+            f"(the chart: backends.nvidia.driverRoot, host-root=/host)"
+        )
+
+    return locate

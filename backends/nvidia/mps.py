@@ -13,6 +13,17 @@ Clients get the pipe directory mounted at ``/tmp/nvidia-mps`` with ``CUDA_MPS_PI
 pointing at it (what NVIDIA's driver injects); a memory share also gets
 ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for its device. `MpsProgram` is the seam: the real control
 program here, a small Python stand-in in the fake backend.
+
+Shared memory: MPS clients and the server exchange POSIX shared memory through ``/dev/shm``.
+NVIDIA's DRA driver mounts a dedicated tmpfs as the daemon container's ``/dev/shm`` and the same
+tmpfs at ``/dev/shm`` in every client container. We give each daemon a ``shm/`` directory (a
+tmpfs when the agent may mount one, CAP_SYS_ADMIN; else a plain directory, logged once per
+daemon start) and mount it at ``/dev/shm`` in each of its clients, so one daemon's clients share
+one ``/dev/shm`` and clients of different daemons never see each other's. The daemon is a child
+process, not a container: without a mount namespace its own ``/dev/shm`` cannot be replaced, so
+it keeps the agent container's and is told the directory in ``DRA_AGENT_MPS_SHM_DIRECTORY``
+(read by the fake stand-in; NVIDIA's control program ignores it). What that leaves out is in
+the README ("Sharing GPUs").
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from agent.core.backend import ContainerEdits, Mount
 from agent.core.errors import BackendError
 from agent.core.logs import log_fields
 from agent.core.quantity import Quantity
+from backends.nvidia.driverfiles import ProgramLocator, on_path
 from backends.nvidia.sharingconfig import MpsSettings
 
 log = logging.getLogger("agent.nvidia.mps")
@@ -51,6 +63,11 @@ START_TIMEOUT = 30.0
 CONTROL_PIPE = "control"
 """The named pipe a control daemon creates in its pipe directory once it serves clients."""
 CONTROL_PROGRAM = "nvidia-cuda-mps-control"
+CONTAINER_SHM_DIR = "/dev/shm"
+SHM_ENV = "DRA_AGENT_MPS_SHM_DIRECTORY"
+"""The daemon's shared-memory directory, in its environment (see the module's docstring)."""
+SHM_SUBDIR = "shm"
+TMPFS_OPTIONS = "rw,nosuid,nodev,mode=1777"
 
 
 def megabytes(quantity: Quantity) -> str:
@@ -76,21 +93,29 @@ class MpsProgram(Protocol):
         """Ask the daemon `pid` to exit (the caller kills it if it does not)."""
         ...
 
+    def launch_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The daemon's environment from `env` (blocking: may look the program up)."""
+        ...
+
 
 class ControlProgram:
-    """NVIDIA's ``nvidia-cuda-mps-control`` (found on the PATH or at `path`)."""
+    """NVIDIA's ``nvidia-cuda-mps-control``, found by `locate` (the driver's, or on the PATH)."""
 
     marker = CONTROL_PROGRAM
 
-    def __init__(self, path: str = CONTROL_PROGRAM) -> None:
-        self.path = path
+    def __init__(self, locate: ProgramLocator | None = None) -> None:
+        self._locate = locate or on_path(CONTROL_PROGRAM)
 
     def argv(self, settings: MpsSettings, uuid: str) -> list[str]:
-        return [self.path, "-f"]
+        return [self._locate().path, "-f"]
+
+    def launch_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        return self._locate().environ(env)
 
     async def _send(self, env: Mapping[str, str], command: str) -> None:
+        program = await anyio.to_thread.run_sync(self._locate)
         result = await anyio.run_process(
-            [self.path], input=f"{command}\n".encode(), env=dict(env), check=False
+            [program.path], input=f"{command}\n".encode(), env=program.environ(env), check=False
         )
         if result.returncode != 0:
             raise BackendError(
@@ -107,6 +132,51 @@ class ControlProgram:
 
     async def quit(self, env: Mapping[str, str], pid: int) -> None:
         await self._send(env, "quit")
+
+
+class ShmMounter(Protocol):
+    """Mounts a tmpfs for a daemon's shared memory (blocking: called in a worker thread)."""
+
+    def mount(self, path: Path) -> str:
+        """Mount a tmpfs at `path`; "" on success, else why not (the directory then stays plain)."""
+        ...
+
+    def unmount(self, path: Path) -> None:
+        """Unmount what `mount` mounted at `path`."""
+        ...
+
+
+class TmpfsMounter:
+    """Through ``mount -t tmpfs`` (needs CAP_SYS_ADMIN: the chart's privileged container has it)."""
+
+    def mount(self, path: Path) -> str:
+        try:
+            result = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", TMPFS_OPTIONS, "tmpfs", str(path)],
+                capture_output=True,
+                check=False,
+                timeout=STOP_TIMEOUT,
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return str(error)
+        if result.returncode != 0:
+            said = (result.stderr or result.stdout).decode(errors="replace").strip()
+            return said or f"mount exited {result.returncode}"
+        return ""
+
+    def unmount(self, path: Path) -> None:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["umount", str(path)], capture_output=True, check=False, timeout=STOP_TIMEOUT)
+
+
+class NoMounter:
+    """Never mounts (the fake backend: a plain directory stands in for the tmpfs)."""
+
+    def mount(self, path: Path) -> str:
+        return "this backend does not mount a tmpfs"
+
+    def unmount(self, path: Path) -> None:
+        """Nothing was mounted."""
 
 
 @dataclass(frozen=True)
@@ -133,9 +203,10 @@ def settings_key(settings: MpsSettings) -> str:
 class MpsDaemons:
     """The MPS control daemons of one backend."""
 
-    def __init__(self, root: Path, program: MpsProgram) -> None:
+    def __init__(self, root: Path, program: MpsProgram, shm: ShmMounter | None = None) -> None:
         self.root = root
         self.program = program
+        self.shm = shm or TmpfsMounter()
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         """Daemons this process started (reaped when they stop); adopted ones are not here."""
 
@@ -150,6 +221,7 @@ class MpsDaemons:
             "CUDA_VISIBLE_DEVICES": uuid,
             PIPE_ENV: str(base / "pipe"),
             LOG_ENV: str(base / "log"),
+            SHM_ENV: str(base / SHM_SUBDIR),
         }
 
     def _read(self, device: str) -> DaemonRecord | None:
@@ -234,26 +306,41 @@ class MpsDaemons:
             raise
         return True
 
+    def _remove(self, device: str) -> None:
+        """Remove a daemon's directory, unmounting its shared-memory tmpfs first (blocking)."""
+        shm = self.directory(device) / SHM_SUBDIR
+        if os.path.ismount(shm):
+            self.shm.unmount(shm)
+        shutil.rmtree(self.directory(device), ignore_errors=True)
+
     def _spawn(self, device: str, uuid: str, settings: MpsSettings) -> None:
         base = self.directory(device)
-        shutil.rmtree(base, ignore_errors=True)
-        for sub in ("pipe", "log"):
+        # Look the program up first: a missing one fails the claim with nothing left behind.
+        argv = self.program.argv(settings, uuid)
+        env = self.program.launch_env(self.env(device, uuid))
+        self._remove(device)
+        for sub in ("pipe", "log", SHM_SUBDIR):
             (base / sub).mkdir(parents=True, exist_ok=True)
+        if reason := self.shm.mount(base / SHM_SUBDIR):
+            log.info(
+                "MPS shared memory is a plain directory, not a tmpfs: the agent cannot mount",
+                extra=log_fields(device=device, directory=str(base / SHM_SUBDIR), reason=reason),
+            )
         try:
             with (base / "log" / "agent-launch.log").open("ab") as out:
                 child = subprocess.Popen(
-                    self.program.argv(settings, uuid),
-                    env=self.env(device, uuid),
+                    argv,
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=out,
                     start_new_session=True,
                 )
         except OSError as error:
-            shutil.rmtree(base, ignore_errors=True)
+            self._remove(device)
             raise BackendError(
                 f"cannot start the MPS control daemon for {device}: {error}; check that "
-                f"{CONTROL_PROGRAM} is installed with the driver and on the agent's PATH"
+                f"{CONTROL_PROGRAM} is installed with the driver (the nvidia backend's driver-root)"
             ) from error
         self._children[str(child.pid)] = child
         record = {"pid": child.pid, "uuid": uuid, "settings": settings_key(settings)}
@@ -277,10 +364,11 @@ class MpsDaemons:
             child = self._children.pop(str(record.pid), None)
             if child is not None:
                 await anyio.to_thread.run_sync(child.wait)
-        await anyio.to_thread.run_sync(lambda: shutil.rmtree(self.directory(device), ignore_errors=True))
+        await anyio.to_thread.run_sync(self._remove, device)
 
     def edits(self, device: str, uuid: str, pinned: Quantity | None) -> ContainerEdits:
-        """A client's edits: the pipe directory, its variable and the share's pinned-memory limit."""
+        """A client's edits: the pipe and shared-memory directories, the pipe variable and the share's
+        pinned-memory limit."""
         env = {PIPE_ENV: CONTAINER_PIPE_DIR}
         if pinned is not None:
             env[PINNED_LIMIT_ENV] = f"{uuid}={megabytes(pinned)}"
@@ -291,6 +379,11 @@ class MpsDaemons:
                 Mount(
                     str(self.directory(device) / "pipe"),
                     CONTAINER_PIPE_DIR,
+                    ("rw", "nosuid", "nodev", "bind"),
+                ),
+                Mount(
+                    str(self.directory(device) / SHM_SUBDIR),
+                    CONTAINER_SHM_DIR,
                     ("rw", "nosuid", "nodev", "bind"),
                 ),
             ),

@@ -22,17 +22,20 @@ began (`unprepare`) and `resume` re-applies or undoes the set-up of every device
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
+import anyio.to_thread
 
 from agent.core.backend import ContainerEdits
 from agent.core.errors import BackendError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import AttributeValue
 from agent.core.sharing import MEMORY, DeviceConfigError, DeviceShare, share_conflict
+from backends.nvidia.driverfiles import ProgramLocator, on_path
 from backends.nvidia.mps import MpsDaemons, stop_unneeded
 from backends.nvidia.sharingconfig import (
     EXCLUSIVE_USE,
@@ -86,20 +89,23 @@ class GpuPolicy(Protocol):
 class SmiGpuPolicy:
     """Through the ``nvidia-smi`` the driver ships (NVML has no call for the interval)."""
 
-    def __init__(self, path: str = "nvidia-smi") -> None:
-        self.path = path
+    def __init__(self, locate: ProgramLocator | None = None) -> None:
+        self._locate = locate or on_path("nvidia-smi")
 
     async def _run(self, *args: str) -> None:
+        program = await anyio.to_thread.run_sync(self._locate)
         try:
-            result = await anyio.run_process([self.path, *args], check=False)
+            result = await anyio.run_process(
+                [program.path, *args], env=program.environ(os.environ), check=False
+            )
         except OSError as error:
             raise BackendError(
-                f"cannot run {self.path}: {error}; time-slicing needs the driver's nvidia-smi "
-                "on the agent's PATH"
+                f"cannot run {program.path}: {error}; time-slicing and MPS need the driver's nvidia-smi "
+                "(see the nvidia backend's driver-root and host-root settings)"
             ) from error
         if result.returncode != 0:
             raise BackendError(
-                f"{self.path} {' '.join(args)} failed ({result.returncode}): "
+                f"{program.path} {' '.join(args)} failed ({result.returncode}): "
                 f"{(result.stdout + result.stderr).decode(errors='replace').strip()}"
             )
 

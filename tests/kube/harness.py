@@ -76,6 +76,13 @@ class Harness:
     async def settle(self, predicate: Callable[[], bool], within: float = 5.0) -> None:
         await eventually(predicate, within=within, clock=self.clock)
 
+    async def resyncs_write_nothing(self, passes: int = 3) -> None:
+        """Wait for `passes` more reconcile passes and check that none rewrote our slices."""
+        versions = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in self.slices()}
+        done = self.publisher.passes + passes
+        await self.settle(lambda: self.publisher.passes >= done)
+        assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in self.slices()} == versions
+
 
 async def eventually(
     predicate: Callable[[], bool], *, within: float = 5.0, clock: Clock | None = None

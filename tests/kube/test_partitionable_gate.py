@@ -61,10 +61,7 @@ async def test_gate_off_publishes_whole_gpus_and_reports_the_placements(
         await h.settle(lambda: "DeviceCountersUnsupported" in h.event_reasons())
 
         # No rewriting: resyncs probe again (dry-run creates, nothing stored) and write nothing.
-        versions = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in h.slices()}
-        passes = h.publisher.passes
-        await h.settle(lambda: h.publisher.passes >= passes + 3)
-        assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in h.slices()} == versions
+        await h.resyncs_write_nothing()
         assert h.event_reasons().count("DeviceCountersUnsupported") == 1
         assert h.metric("dra_agent_publish_errors_total", errors) == 1
         assert sum(f"enable the {GATE}" in r.getMessage() for r in caplog.records) == 1

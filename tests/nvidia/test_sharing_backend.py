@@ -8,6 +8,7 @@ from agent.core.backend import BackendOptions, ClaimRef
 from agent.core.sharing import DeviceShare, OpaqueConfig
 from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
 from backends.nvidia import NvidiaBackend
+from backends.nvidia.mps import NoMounter
 from tests.fakes.fake_pynvml import FakeNvml, h100
 from tests.nvidia.conftest import build_sysfs
 from tests.support.clock import FakeClock
@@ -33,6 +34,7 @@ def backend(tmp_path: Path) -> NvidiaBackend:
         dev_root=tmp_path / "dev",
         policy=FakeGpuPolicy(tmp_path / "ts"),
         mps_program=FakeMpsProgram(),
+        mps_shm=NoMounter(),
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 from agent.core.backend import ClaimRef
 from agent.core.sharing import DeviceConfigError, DeviceShare, OpaqueConfig
 from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
-from backends.nvidia.mps import MpsDaemons
+from backends.nvidia.mps import MpsDaemons, NoMounter
 from backends.nvidia.sharing import DeviceFacts, NvSharingManager
 from tests.kubelet.fakes import FakeClaimSource
 from tests.sharing.helpers import (
@@ -130,7 +130,7 @@ async def test_mps_on_a_gpu_that_cannot(tmp_path: Path) -> None:
     manager = NvSharingManager(
         lambda name: DeviceFacts(uuid="GPU-old", compute_capability=(6, 1)),
         FakeGpuPolicy(tmp_path),
-        MpsDaemons(tmp_path / "mps", FakeMpsProgram()),
+        MpsDaemons(tmp_path / "mps", FakeMpsProgram(), NoMounter()),
     )
     share = DeviceShare(
         "gpu-0", ClaimRef("default", "old", uid(1)), config=OpaqueConfig(NVIDIA, gpu_config(MPS_CONFIG))

@@ -15,6 +15,7 @@ import pytest
 from agent.core.errors import BackendError
 from agent.core.quantity import Quantity
 from agent.core.sharing import OpaqueConfig, select_config
+from backends.nvidia.driverfiles import on_path
 from backends.nvidia.mps import ControlProgram
 from backends.nvidia.sharing import SmiGpuPolicy
 from backends.nvidia.sharingconfig import MpsSettings
@@ -30,7 +31,7 @@ def logging_program(tmp_path: Path, name: str, exit_code: int = 0) -> tuple[Path
 
 async def test_time_slice_commands(tmp_path: Path) -> None:
     program, log = logging_program(tmp_path, "nvidia-smi")
-    await SmiGpuPolicy(str(program)).set_interval("GPU-1", 3)
+    await SmiGpuPolicy(on_path(str(program))).set_interval("GPU-1", 3)
     assert log.read_text().splitlines() == [
         "args: -i GPU-1 -c DEFAULT",
         "args: compute-policy -i GPU-1 --set-timeslice=3",
@@ -40,14 +41,14 @@ async def test_time_slice_commands(tmp_path: Path) -> None:
 async def test_failing_nvidia_smi_says_what_failed(tmp_path: Path) -> None:
     program, _ = logging_program(tmp_path, "nvidia-smi", exit_code=3)
     with pytest.raises(BackendError, match=r"nvidia-smi -i GPU-1 -c DEFAULT failed \(3\)"):
-        await SmiGpuPolicy(str(program)).set_interval("GPU-1", 1)
-    with pytest.raises(BackendError, match="time-slicing needs the driver's nvidia-smi"):
-        await SmiGpuPolicy(str(tmp_path / "missing")).set_interval("GPU-1", 1)
+        await SmiGpuPolicy(on_path(str(program))).set_interval("GPU-1", 1)
+    with pytest.raises(BackendError, match="time-slicing and MPS need the driver's nvidia-smi"):
+        await SmiGpuPolicy(on_path(str(tmp_path / "missing"))).set_interval("GPU-1", 1)
 
 
 async def test_mps_control_commands(tmp_path: Path) -> None:
     program, log = logging_program(tmp_path, "nvidia-cuda-mps-control")
-    control = ControlProgram(str(program))
+    control = ControlProgram(on_path(str(program)))
     settings = MpsSettings(active_thread_percentage=40, pinned_memory_limit=Quantity.parse("10Gi"))
     assert control.argv(settings, "GPU-1") == [str(program), "-f"]
     await control.configure({"PATH": "/usr/bin:/bin"}, settings, "GPU-1")

@@ -12,6 +12,8 @@ import os
 import signal
 from pathlib import Path
 
+import anyio
+
 from agent.claims.cdi import qualified_device_id
 from tests.kubelet.fakes import FakeClaimSource
 from tests.sharing.helpers import (
@@ -128,6 +130,8 @@ async def test_restart_replaces_a_dead_daemon_and_stops_unneeded_ones(tmp_path: 
     dead, unneeded = daemon_pid(tmp_path, "gpu-0"), daemon_pid(tmp_path, "gpu-1")
     assert dead is not None and unneeded is not None
     os.kill(dead, signal.SIGKILL)
+    while alive(dead):  # noqa: ASYNC110 - a kill lands asynchronously; a restart before it re-adopts
+        await anyio.sleep(0.01)
     source.delete("default", "claim-2")  # deleted while the agent was down
     again = device_state(tmp_path, source, fake_backend(tmp_path, shares="disabled"))
     await again.start()

@@ -1,0 +1,114 @@
+"""MPS clients and their control daemon share a dedicated ``/dev/shm`` (issue 15 follow-up).
+
+NVIDIA's DRA driver mounts a tmpfs as its MPS control daemon container's ``/dev/shm`` and the
+same tmpfs at ``/dev/shm`` in each client container (its MPS control-daemon templates and
+``sharing.go``). Ours: a ``shm/`` directory per daemon, a tmpfs when the agent can mount one,
+told to the daemon in its environment and mounted at ``/dev/shm`` in each client's CDI spec.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from backends.fake.sharing import FakeMpsProgram
+from backends.nvidia.mps import SHM_ENV, MpsDaemons
+from backends.nvidia.sharingconfig import MpsSettings
+from tests.kubelet.fakes import FakeClaimSource
+from tests.sharing.helpers import (
+    MPS,
+    NVIDIA,
+    claim,
+    daemon_state,
+    device_state,
+    fake_backend,
+    mps_dir,
+    ref,
+    share,
+    uid,
+)
+
+
+def spec_mounts(root: Path, claim_uid: str) -> list[dict[str, Any]]:
+    spec = yaml.safe_load((root / "cdi" / f"k8s.{NVIDIA}-claim_{claim_uid}.yaml").read_text())
+    mounts: list[dict[str, Any]] = []
+    for device in spec["devices"]:
+        mounts += device["containerEdits"].get("mounts", [])
+    return mounts
+
+
+async def test_clients_and_daemon_get_the_daemons_shm_directory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    c1 = claim(1, share_id=share(1), memory="20Gi", config=MPS)
+    c2 = claim(2, share_id=share(2), memory="30Gi", config=MPS)
+    state = device_state(tmp_path, FakeClaimSource([c1, c2]), fake_backend(tmp_path))
+    await state.start()
+    with caplog.at_level(logging.INFO, logger="agent.nvidia.mps"):
+        results = await state.prepare([ref(c1), ref(c2)])
+    assert [r.error for r in results.values()] == ["", ""]
+    shm = mps_dir(tmp_path) / "shm"
+    assert shm.is_dir()
+    recorded = daemon_state(tmp_path)
+    assert recorded is not None and recorded["shmDirectory"] == str(shm)
+    for n in (1, 2):
+        shm_mounts = [m for m in spec_mounts(tmp_path, uid(n)) if m["containerPath"] == "/dev/shm"]
+        assert shm_mounts == [
+            {"hostPath": str(shm), "containerPath": "/dev/shm", "options": ["rw", "nosuid", "nodev", "bind"]}
+        ]
+    plain = [r for r in caplog.records if "plain directory, not a tmpfs" in r.getMessage()]
+    assert len(plain) == 1, "one line per daemon start, not per claim"
+    assert await state.unprepare([ref(c1), ref(c2)]) == {uid(1): "", uid(2): ""}
+    assert not mps_dir(tmp_path).exists()
+
+
+class RecordingMounter:
+    """Mounts nothing; records what it was asked and says a tmpfs is there."""
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
+        self.calls: list[tuple[str, Path]] = []
+
+    def mount(self, path: Path) -> str:
+        self.calls.append(("mount", path))
+        return self.reason
+
+    def unmount(self, path: Path) -> None:
+        self.calls.append(("unmount", path))
+
+
+async def test_a_mounted_tmpfs_is_unmounted_when_the_daemon_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    mounter = RecordingMounter()
+    daemons = MpsDaemons(tmp_path / "mps", FakeMpsProgram(), mounter)
+    shm = daemons.directory("gpu-0") / "shm"
+    # ismount cannot be faked by the mounter: stand in for the kernel's answer.
+    monkeypatch.setattr("os.path.ismount", lambda path: Path(path) == shm and ("mount", shm) in mounter.calls)
+    with caplog.at_level(logging.INFO, logger="agent.nvidia.mps"):
+        assert await daemons.ensure("gpu-0", "GPU-1", MpsSettings())
+    assert not [r for r in caplog.records if "not a tmpfs" in r.getMessage()]
+    assert daemons.env("gpu-0", "GPU-1")[SHM_ENV] == str(shm)
+    await daemons.stop("gpu-0")
+    assert mounter.calls == [("mount", shm), ("unmount", shm)]
+    assert not daemons.directory("gpu-0").exists()
+
+
+async def test_tmpfs_refused_leaves_a_plain_directory_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mounter = RecordingMounter("mount: permission denied")
+    daemons = MpsDaemons(tmp_path / "mps", FakeMpsProgram(), mounter)
+    with caplog.at_level(logging.INFO, logger="agent.nvidia.mps"):
+        assert await daemons.ensure("gpu-0", "GPU-1", MpsSettings())
+    try:
+        (line,) = [r for r in caplog.records if "not a tmpfs" in r.getMessage()]
+        assert getattr(line, "fields", {})["reason"] == "mount: permission denied"
+        assert (daemons.directory("gpu-0") / "shm").is_dir()
+    finally:
+        await daemons.stop("gpu-0")
+    assert mounter.calls == [("mount", daemons.directory("gpu-0") / "shm")]
