@@ -20,10 +20,12 @@ tmpfs at ``/dev/shm`` in every client container. We give each daemon a ``shm/`` 
 tmpfs when the agent may mount one, CAP_SYS_ADMIN; else a plain directory, logged once per
 daemon start) and mount it at ``/dev/shm`` in each of its clients, so one daemon's clients share
 one ``/dev/shm`` and clients of different daemons never see each other's. The daemon is a child
-process, not a container: without a mount namespace its own ``/dev/shm`` cannot be replaced, so
-it keeps the agent container's and is told the directory in ``DRA_AGENT_MPS_SHM_DIRECTORY``
-(read by the fake stand-in; NVIDIA's control program ignores it). What that leaves out is in
-the README ("Sharing GPUs").
+process, not a container: when the tmpfs is mounted (so the agent may mount) and ``unshare`` is
+installed, the daemon starts in a mount namespace of its own with that tmpfs bound over its
+``/dev/shm`` (``unshare --mount`` execs in place, so the recorded pid is the daemon's); otherwise
+it keeps the agent container's ``/dev/shm``. It is also told the directory in
+``DRA_AGENT_MPS_SHM_DIRECTORY`` (read by the fake stand-in). What that leaves out is in the
+README ("Sharing GPUs").
 """
 
 from __future__ import annotations
@@ -145,6 +147,10 @@ class ShmMounter(Protocol):
         """Unmount what `mount` mounted at `path`."""
         ...
 
+    def wrap(self, argv: list[str], path: Path) -> list[str]:
+        """The daemon's command line with `path` (a mounted tmpfs) as its ``/dev/shm``."""
+        ...
+
 
 class TmpfsMounter:
     """Through ``mount -t tmpfs`` (needs CAP_SYS_ADMIN: the chart's privileged container has it)."""
@@ -168,6 +174,18 @@ class TmpfsMounter:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             subprocess.run(["umount", str(path)], capture_output=True, check=False, timeout=STOP_TIMEOUT)
 
+    def wrap(self, argv: list[str], path: Path) -> list[str]:
+        unshare = shutil.which("unshare")
+        if unshare is None:
+            log.warning(
+                "unshare not found: the MPS daemon keeps the agent's /dev/shm, its clients another",
+                extra=log_fields(directory=str(path), fix="install util-linux in the agent image"),
+            )
+            return argv
+        # A private mount namespace: the bind stays the daemon's, and exec keeps its pid.
+        script = 'mount --bind "$0" /dev/shm && exec "$@"'
+        return [unshare, "--mount", "--propagation", "private", "--", "sh", "-c", script, str(path), *argv]
+
 
 class NoMounter:
     """Never mounts (the fake backend: a plain directory stands in for the tmpfs)."""
@@ -177,6 +195,9 @@ class NoMounter:
 
     def unmount(self, path: Path) -> None:
         """Nothing was mounted."""
+
+    def wrap(self, argv: list[str], path: Path) -> list[str]:
+        return argv
 
 
 @dataclass(frozen=True)
@@ -326,6 +347,8 @@ class MpsDaemons:
                 "MPS shared memory is a plain directory, not a tmpfs: the agent cannot mount",
                 extra=log_fields(device=device, directory=str(base / SHM_SUBDIR), reason=reason),
             )
+        else:
+            argv = self.shm.wrap(argv, base / SHM_SUBDIR)
         try:
             with (base / "log" / "agent-launch.log").open("ab") as out:
                 child = subprocess.Popen(

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from backends.fake.sharing import FakeMpsProgram
-from backends.nvidia.mps import SHM_ENV, MpsDaemons
+from backends.nvidia.mps import SHM_ENV, MpsDaemons, TmpfsMounter
 from backends.nvidia.sharingconfig import MpsSettings
 from tests.kubelet.fakes import FakeClaimSource
 from tests.sharing.helpers import (
@@ -80,6 +80,10 @@ class RecordingMounter:
     def unmount(self, path: Path) -> None:
         self.calls.append(("unmount", path))
 
+    def wrap(self, argv: list[str], path: Path) -> list[str]:
+        self.calls.append(("wrap", path))
+        return argv
+
 
 async def test_a_mounted_tmpfs_is_unmounted_when_the_daemon_stops(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -94,7 +98,7 @@ async def test_a_mounted_tmpfs_is_unmounted_when_the_daemon_stops(
     assert not [r for r in caplog.records if "not a tmpfs" in r.getMessage()]
     assert daemons.env("gpu-0", "GPU-1")[SHM_ENV] == str(shm)
     await daemons.stop("gpu-0")
-    assert mounter.calls == [("mount", shm), ("unmount", shm)]
+    assert mounter.calls == [("mount", shm), ("wrap", shm), ("unmount", shm)]
     assert not daemons.directory("gpu-0").exists()
 
 
@@ -112,3 +116,24 @@ async def test_tmpfs_refused_leaves_a_plain_directory_and_says_why(
     finally:
         await daemons.stop("gpu-0")
     assert mounter.calls == [("mount", daemons.directory("gpu-0") / "shm")]
+
+
+def test_a_mounted_tmpfs_becomes_the_daemons_own_dev_shm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``unshare`` the daemon runs in its own mount namespace with the tmpfs bound over its
+    /dev/shm, and exec keeps the daemon's pid (the one the record names)."""
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    argv = TmpfsMounter().wrap(["/usr/bin/nvidia-cuda-mps-control", "-f"], Path("/state/mps/gpu-0/shm"))
+    assert argv[:5] == ["/usr/bin/unshare", "--mount", "--propagation", "private", "--"]
+    assert argv[5:7] == ["sh", "-c"]
+    assert "mount --bind" in argv[7] and "exec" in argv[7]
+    assert argv[8:] == ["/state/mps/gpu-0/shm", "/usr/bin/nvidia-cuda-mps-control", "-f"]
+
+
+def test_without_unshare_the_daemon_is_started_as_is_and_it_is_said(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with caplog.at_level(logging.WARNING, logger="agent.nvidia.mps"):
+        argv = TmpfsMounter().wrap(["mps", "-f"], Path("/s/shm"))
+    assert argv == ["mps", "-f"]
+    assert any("unshare not found" in r.getMessage() for r in caplog.records)
