@@ -53,9 +53,12 @@ log = logging.getLogger("agent.runner")
 
 PUBLISH_LOCK_NAME = "publish.lock"
 PUBLISH_LOCK_POLL_SECONDS = 0.1
-API_MODULES = ("agent.kube.client", "agent.kube.events", "agent.kube.publisher", "agent.kube.published")
-"""What the API side needs (aiohttp among them, ~0.2 s): imported after the kubelet sockets serve."""
+API_MODULES = ("agent.kube.client", "agent.kube.events")
+"""What a claim read needs (aiohttp among them, ~0.15 s): imported after the kubelet sockets serve."""
+PUBLISHER_MODULES = ("agent.kube.publisher", "agent.kube.published")
 METRICS_MODULE = "agent.observe.httpserver"
+METRICS_WAIT_SECONDS = 2.0
+"""How long the metrics server lets the API client's imports and connection go first."""
 
 
 async def import_late(*names: str) -> None:
@@ -86,6 +89,8 @@ class LateApi:
         self._ready = anyio.Event()
         self._client: KubeClient | None = None
         self._events: EventRecorder | None = None
+        self.reads_waiting = 0
+        """Claim reads waiting for the client now."""
 
     def set(self, client: KubeClient, events: EventRecorder) -> None:
         self._client, self._events = client, events
@@ -102,7 +107,11 @@ class LateApi:
         return self._client, self._events
 
     async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        client, _ = await self.wait()
+        self.reads_waiting += 1
+        try:
+            client, _ = await self.wait()
+        finally:
+            self.reads_waiting -= 1
         return await client.get_resource_claim(namespace, name)
 
     async def record(self, reason: str, message: str, type: str) -> bool:
@@ -268,6 +277,7 @@ class AgentParts:
         kube, events = await self.api.wait()
         publisher = self.publishers.get(runtime.driver)
         if publisher is None:
+            await import_late(*PUBLISHER_MODULES)
             from agent.kube.publisher import SlicePublisher
 
             publisher = SlicePublisher(
@@ -342,8 +352,12 @@ class AgentParts:
             runtime.tracker.seed(taint.device, condition)
 
     async def _serve_metrics(self) -> None:
-        # aiohttp: after the kubelet sockets, in a worker thread (the probes can wait that long).
+        # After the kubelet sockets and the API client (a prepare waits for it), in a worker
+        # thread; the probes can wait that long.
         await self.serving.wait()
+        if self.api is not None:
+            with anyio.move_on_after(METRICS_WAIT_SECONDS):
+                await self.api.wait()
         await import_late(METRICS_MODULE)
         from agent.observe.httpserver import MetricsServer
 
