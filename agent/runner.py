@@ -59,6 +59,8 @@ PUBLISHER_MODULES = ("agent.kube.publisher", "agent.kube.published")
 METRICS_MODULE = "agent.observe.httpserver"
 METRICS_WAIT_SECONDS = 2.0
 """How long the metrics server lets the API client's imports and connection go first."""
+SOCKETS_WAIT_SECONDS = 5.0
+"""How long the API client and the metrics server wait for the kubelet sockets (failing to serve)."""
 
 
 async def import_late(*names: str) -> None:
@@ -95,11 +97,6 @@ class LateApi:
     def set(self, client: KubeClient, events: EventRecorder) -> None:
         self._client, self._events = client, events
         self._ready.set()
-
-    @property
-    def client(self) -> KubeClient | None:
-        """The client once connected, else None."""
-        return self._client
 
     async def wait(self) -> tuple[KubeClient, EventRecorder]:
         await self._ready.wait()
@@ -148,7 +145,7 @@ class AgentParts:
         self.connect = connect
         self.api = LateApi() if kube is not None or connect is not None else None
         self.serving = anyio.Event()
-        """Set once the first kubelet plugin serves (or none will): the API side may start."""
+        """Set once the first kubelet plugin serves (or none will): the rest may start."""
         self.publishers: dict[str, SlicePublisher] = {}
         self.plugins: dict[str, KubeletPlugin] = {}
         self.states: dict[str, DeviceState] = {}
@@ -169,9 +166,14 @@ class AgentParts:
         """Connect the API client with `connect` once the kubelet sockets serve (nothing to do without)."""
         if self.connect is None:
             return
-        await self.serving.wait()
+        await self._after_sockets()
         await import_late(*API_MODULES)
         self._connected(await self.connect())
+
+    async def _after_sockets(self) -> None:
+        """Until the kubelet sockets serve; a plugin failing to start holds back nothing for long."""
+        with anyio.move_on_after(SOCKETS_WAIT_SECONDS):
+            await self.serving.wait()
 
     def __call__(self, agent: Agent) -> Sequence[Part]:
         self._liveness = agent.failures.health
@@ -354,7 +356,7 @@ class AgentParts:
     async def _serve_metrics(self) -> None:
         # After the kubelet sockets and the API client (a prepare waits for it), in a worker
         # thread; the probes can wait that long.
-        await self.serving.wait()
+        await self._after_sockets()
         if self.api is not None:
             with anyio.move_on_after(METRICS_WAIT_SECONDS):
                 await self.api.wait()

@@ -458,13 +458,17 @@ def kill_and_restart(
     restarted = time.perf_counter()
     agent.start()
     kubelet = Kubelet(protos, agent.dra_socket)
+    failed = []
     while True:
         try:
             answer = kubelet.prepare([kept], timeout=1.0)
             break
-        except grpc.RpcError:
+        except grpc.RpcError as error:
+            failed.append(f"{(time.perf_counter() - restarted) * 1000:.0f} ms: {error.code()}")
             time.sleep(0.002)
     took = (time.perf_counter() - restarted) * 1000
+    if failed:
+        print(f"kill -9: prepare attempts that failed before the answer: {failed}", file=sys.stderr)
     assert not answer.claims[kept["uid"]].error, answer
     kubelet.close()
     return took

@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
+from agent import cli
 from agent.app import Agent
 from agent.core.clock import SystemClock
 from agent.demo import DemoOptions, agent_running, demo_config
@@ -161,3 +162,27 @@ async def test_a_prepare_before_the_api_client_is_connected_waits_for_it(root: P
         finally:
             for client in clients:
                 await client.close()
+
+
+def test_a_bad_kubeconfig_still_ends_the_agent_with_one_line(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The client now connects after the kubelet sockets serve; its failure still ends ``dra-agent run``."""
+    kubeconfig = root / "kubeconfig"
+    kubeconfig.write_text("garbage: [\n")
+    # fmt: off
+    code = cli.main([
+        "run", "--node-name", NODE, "--kube", "kubeconfig", "--kubeconfig", str(kubeconfig),
+        "--backend", "fake:profile=nvidia-a100-8x,control=off",
+        "--registry-dir", str(root / "registry"), "--plugins-dir", str(root / "plugins"),
+        "--cdi-root", str(root / "cdi"), "--state-dir", str(root / "state"),
+        "--metrics-address", "127.0.0.1:0",
+    ])
+    # fmt: on
+    assert code == cli.EXIT_USAGE
+    # Logs go to stderr too; the error is one line of its own.
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dra-agent:")]
+    assert errors == [
+        f"dra-agent: error: invalid value '{kubeconfig}' for --kubeconfig: expected a kubeconfig YAML file; "
+        "it is not valid YAML at line 2 (did not find expected node content)"
+    ]
