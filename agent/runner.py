@@ -34,6 +34,7 @@ from agent.core.exclusion import ExcludingBackend
 from agent.core.logs import log_fields
 from agent.core.model import HealthCondition, Severity
 from agent.health.taints import EFFECT_NONE, TaintPolicy
+from agent.kube.credentials import check_kubeconfig, in_cluster
 from agent.kubelet.deviceplugins import device_plugins_dir, report_device_plugins
 from agent.kubelet.plugin import KubeletPlugin
 from agent.kubelet.podresources import PodResourcesClient, default_socket
@@ -99,7 +100,8 @@ class LateApi:
         self._ready.set()
 
     async def wait(self) -> tuple[KubeClient, EventRecorder]:
-        await self._ready.wait()
+        if self._client is None or self._events is None:  # anyio's wait() yields even when set
+            await self._ready.wait()
         assert self._client is not None and self._events is not None
         return self._client, self._events
 
@@ -428,6 +430,9 @@ async def run_agent(config: AgentConfig) -> None:
     metrics = Metrics()
     policy = load_policy(config.taint_policy)
     await anyio.to_thread.run_sync(preflight, config)
+    if config.kube_mode != "none" and not in_cluster(config.kube_mode, config.kubeconfig):
+        # A bad kubeconfig file still ends the agent before anything starts (the client connects later).
+        await anyio.to_thread.run_sync(check_kubeconfig, config.kubeconfig)
     backends, optional = create_backend_set(config)
     readiness = Readiness()
     connect = None if config.kube_mode == "none" else functools.partial(connect_kube, config)

@@ -167,7 +167,8 @@ async def test_a_prepare_before_the_api_client_is_connected_waits_for_it(root: P
 def test_a_bad_kubeconfig_still_ends_the_agent_with_one_line(
     root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The client now connects after the kubelet sockets serve; its failure still ends ``dra-agent run``."""
+    """The client connects after the kubelet sockets serve, but a bad kubeconfig file still ends
+    ``dra-agent run`` before anything starts: one line on stderr, no logs of started parts."""
     kubeconfig = root / "kubeconfig"
     kubeconfig.write_text("garbage: [\n")
     # fmt: off
@@ -180,9 +181,7 @@ def test_a_bad_kubeconfig_still_ends_the_agent_with_one_line(
     ])
     # fmt: on
     assert code == cli.EXIT_USAGE
-    # Logs go to stderr too; the error is one line of its own.
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dra-agent:")]
-    assert errors == [
+    assert capsys.readouterr().err.splitlines() == [
         f"dra-agent: error: invalid value '{kubeconfig}' for --kubeconfig: expected a kubeconfig YAML file; "
         "it is not valid YAML at line 2 (did not find expected node content)"
     ]
