@@ -17,7 +17,7 @@ from typing import Any
 from agent.core.errors import ConfigError
 from agent.core.logs import LOG_FORMATS, LOG_LEVELS
 from agent.core.model import check_driver_name, is_dns_subdomain
-from agent.observe.httpserver import DEFAULT_METRICS_PORT
+from agent.observe.address import DEFAULT_METRICS_PORT
 
 """Ours: clashes neither with dcgm-exporter (9400) nor with AMD's metrics exporter (5000)."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from agent.config import OPTIONS, AgentConfig
 from agent.core.errors import ConfigError
-from agent.observe.httpserver import parse_address
+from agent.observe.address import parse_address
 
 
 @dataclass(frozen=True)

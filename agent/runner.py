@@ -3,19 +3,25 @@
 Per driver: health monitor and tracker (in `agent.app`), the slice publisher (or, with
 ``--kube none``, a printer of the slices it would publish), the claim state and the kubelet
 plugin sockets, and the telemetry poller. Once: the metrics/health HTTP server.
+
+Start order: after a restart the kubelet waits for our sockets, so they serve before anything
+they do not need is imported or built. The API client (aiohttp, credentials), the publisher and
+the metrics server are imported in a worker thread once the first kubelet plugin serves (an
+import on the event loop would hold up `GetInfo`); a prepare that arrives before the client is
+connected waits for it (`LateApi`).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
-import yaml
 
 from agent.app import Agent, DriverRuntime, Part, create_backend_set, run_until_signal
 from agent.claims.filelock import FileLock
@@ -28,27 +34,40 @@ from agent.core.exclusion import ExcludingBackend
 from agent.core.logs import log_fields
 from agent.core.model import HealthCondition, Severity
 from agent.health.taints import EFFECT_NONE, TaintPolicy
-from agent.kube.capabilities import guess
-from agent.kube.client import KubeClient, ServerInfo
-from agent.kube.events import EventRecorder
-from agent.kube.pool import build_pool
-from agent.kube.published import published_taints
-from agent.kube.publisher import SlicePublisher
+from agent.kube.credentials import check_kubeconfig, in_cluster
 from agent.kubelet.deviceplugins import device_plugins_dir, report_device_plugins
 from agent.kubelet.plugin import KubeletPlugin
 from agent.kubelet.podresources import PodResourcesClient, default_socket
 from agent.kubelet.workloads import WorkloadAttribution
 from agent.observe.allocations import AllocationSeries
-from agent.observe.httpserver import MetricsServer
 from agent.observe.metrics import Metrics
 from agent.observe.readiness import Readiness
 from agent.observe.telemetry import TelemetryPoller
 from agent.preflight import preflight
 
+if TYPE_CHECKING:
+    from agent.kube.client import KubeClient
+    from agent.kube.events import EventRecorder
+    from agent.kube.publisher import SlicePublisher
+
 log = logging.getLogger("agent.runner")
 
 PUBLISH_LOCK_NAME = "publish.lock"
 PUBLISH_LOCK_POLL_SECONDS = 0.1
+API_MODULES = ("agent.kube.client", "agent.kube.events")
+"""What a claim read needs (aiohttp among them, ~0.15 s): imported after the kubelet sockets serve."""
+PUBLISHER_MODULES = ("agent.kube.publisher", "agent.kube.published")
+METRICS_MODULE = "agent.observe.httpserver"
+METRICS_WAIT_SECONDS = 2.0
+"""How long the metrics server lets the API client's imports and connection go first."""
+SOCKETS_WAIT_SECONDS = 5.0
+"""How long the API client and the metrics server wait for the kubelet sockets (failing to serve)."""
+
+
+async def import_late(*names: str) -> None:
+    """Import `names` in a worker thread: the event loop goes on answering the kubelet meanwhile."""
+    for name in names:
+        await anyio.to_thread.run_sync(importlib.import_module, name)
 
 
 class NoApiServer:
@@ -61,14 +80,57 @@ class NoApiServer:
         )
 
 
+class LateApi:
+    """The API client and its event recorder, connected after the kubelet sockets serve.
+
+    It is the claim source and the event recorder of the claim state from the start: a claim
+    read or an event that comes before the client waits for it instead of failing (the kubelet's
+    prepare after a restart is answered once the client is connected).
+    """
+
+    def __init__(self) -> None:
+        self._ready = anyio.Event()
+        self._client: KubeClient | None = None
+        self._events: EventRecorder | None = None
+        self.reads_waiting = 0
+        """Claim reads waiting for the client now."""
+
+    def set(self, client: KubeClient, events: EventRecorder) -> None:
+        self._client, self._events = client, events
+        self._ready.set()
+
+    async def wait(self) -> tuple[KubeClient, EventRecorder]:
+        if self._client is None or self._events is None:  # anyio's wait() yields even when set
+            await self._ready.wait()
+        assert self._client is not None and self._events is not None
+        return self._client, self._events
+
+    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        self.reads_waiting += 1
+        try:
+            client, _ = await self.wait()
+        finally:
+            self.reads_waiting -= 1
+        return await client.get_resource_claim(namespace, name)
+
+    async def record(self, reason: str, message: str, type: str) -> bool:
+        _, events = await self.wait()
+        return await events.record(reason, message, type)
+
+
 class AgentParts:
-    """Builds the parts of the agent; the demo and the tests use it with their own dependencies."""
+    """Builds the parts of the agent; the demo and the tests use it with their own dependencies.
+
+    The API client is either given (`kube`) or connected by `connect_api` with `connect` once the
+    kubelet sockets serve; with neither the agent runs without an API server (``--kube none``).
+    """
 
     def __init__(
         self,
         config: AgentConfig,
         *,
         kube: KubeClient | None,
+        connect: Callable[[], Awaitable[KubeClient]] | None = None,
         metrics: Metrics,
         readiness: Readiness,
         clock: Clock,
@@ -82,29 +144,56 @@ class AgentParts:
         self.clock = clock
         self.policy = policy
         self.out = out
+        self.connect = connect
+        self.api = LateApi() if kube is not None or connect is not None else None
+        self.serving = anyio.Event()
+        """Set once the first kubelet plugin serves (or none will): the rest may start."""
         self.publishers: dict[str, SlicePublisher] = {}
         self.plugins: dict[str, KubeletPlugin] = {}
         self.states: dict[str, DeviceState] = {}
         self.metrics_port: int | None = None
         self.workloads: WorkloadAttribution | None = None
         self._liveness: Callable[[], tuple[bool, str]] | None = None
-        self.events = EventRecorder(kube, config.node_name, clock=clock, metrics=metrics) if kube else None
+        if kube is not None:
+            self._connected(kube)
+
+    def _connected(self, kube: KubeClient) -> None:
+        from agent.kube.events import EventRecorder
+
+        assert self.api is not None
+        self.kube = kube
+        self.api.set(kube, EventRecorder(kube, self.config.node_name, clock=self.clock, metrics=self.metrics))
+
+    async def connect_api(self) -> None:
+        """Connect the API client with `connect` once the kubelet sockets serve (nothing to do without)."""
+        if self.connect is None:
+            return
+        await self._after_sockets()
+        await import_late(*API_MODULES)
+        self._connected(await self.connect())
+
+    async def _after_sockets(self) -> None:
+        """Until the kubelet sockets serve; a plugin failing to start holds back nothing for long."""
+        with anyio.move_on_after(SOCKETS_WAIT_SECONDS):
+            await self.serving.wait()
 
     def __call__(self, agent: Agent) -> Sequence[Part]:
         self._liveness = agent.failures.health
         parts = [Part("metrics-server", self._serve_metrics)]
+        if not self.config.serve_kubelet or not agent.drivers:
+            self.serving.set()
         if self.config.serve_kubelet:
             self.workloads = WorkloadAttribution(
                 AllocationSeries(self.metrics),
                 node_name=self.config.node_name,
                 inventories={d: r.inventory for d, r in agent.drivers.items()},
-                claims=self.kube,
+                claims=self.api,
                 pod_resources=PodResourcesClient(default_socket(self.config.plugins_dir)),
             )
             parts.append(Part("workloads", self.workloads.run))
         for runtime in agent.drivers.values():
             parts.extend(self.driver_parts(runtime))
-        if self.kube is None:
+        if self.api is None:
             parts.append(Part("slice-printer", lambda: self._print_slices(agent)))
         return parts
 
@@ -121,23 +210,10 @@ class AgentParts:
             readiness=self.readiness,
         )
         parts = [Part(f"{driver}/telemetry", poller.run)]
-        if self.kube is not None:
+        if self.api is not None:
             check = f"published/{driver}"
             self.readiness.expect(check)
-            publisher = SlicePublisher(
-                self.kube,
-                runtime.inventory,
-                config.node_name,
-                policy=self.policy,
-                clock=self.clock,
-                metrics=self.metrics,
-                events=self.events,
-                debounce_seconds=config.health_debounce_seconds,
-                resync_seconds=config.resync_seconds,
-                on_published=functools.partial(self.readiness.set, check),
-            )
-            self.publishers[driver] = publisher
-            parts.append(Part(f"{driver}/publisher", lambda: self._publish(runtime, publisher, check)))
+            parts.append(Part(f"{driver}/publisher", lambda: self._publish(runtime, check)))
         if config.serve_kubelet:
             parts.append(Part(f"{driver}/kubelet", lambda: self._serve_kubelet(runtime)))
         return parts
@@ -148,12 +224,12 @@ class AgentParts:
         return DeviceState(
             driver,
             backend,
-            self.kube if self.kube is not None else NoApiServer(),
+            self.api if self.api is not None else NoApiServer(),
             node_name=config.node_name,
             cdi_root=config.cdi_root,
             state_dir=config.state_dir / driver,
             metrics=self.metrics,
-            events=self.events,
+            events=self.api,
             clock=self.clock,
             lock_path=plugin_dir / "serialize.lock" if config.pod_uid else None,
             listener=self.workloads,
@@ -188,17 +264,42 @@ class AgentParts:
         # checkpoint and the start-up reconcile (its API reads) instead.
         async with anyio.create_task_group() as tg:
             await tg.start(plugin.run)
+            self.serving.set()
             await state.start()
             loaded.set()
             await report_device_plugins(
                 driver,
                 device_plugins_dir(config.plugins_dir),
                 self.metrics,
-                self.events,
+                self.api,
                 excluding=isinstance(runtime.backend, ExcludingBackend),
             )
 
-    async def _publish(self, runtime: DriverRuntime, publisher: SlicePublisher, check: str) -> None:
+    async def _publisher(self, runtime: DriverRuntime, check: str) -> tuple[KubeClient, SlicePublisher]:
+        """The client, once connected, and the driver's publisher (one for all restarts of the part)."""
+        assert self.api is not None
+        kube, events = await self.api.wait()
+        publisher = self.publishers.get(runtime.driver)
+        if publisher is None:
+            await import_late(*PUBLISHER_MODULES)
+            from agent.kube.publisher import SlicePublisher
+
+            publisher = SlicePublisher(
+                kube,
+                runtime.inventory,
+                self.config.node_name,
+                policy=self.policy,
+                clock=self.clock,
+                metrics=self.metrics,
+                events=events,
+                debounce_seconds=self.config.health_debounce_seconds,
+                resync_seconds=self.config.resync_seconds,
+                on_published=functools.partial(self.readiness.set, check),
+            )
+            self.publishers[runtime.driver] = publisher
+        return kube, publisher
+
+    async def _publish(self, runtime: DriverRuntime, check: str) -> None:
         """Publish the driver's pool: alone on the node, and only after restoring what was published.
 
         With a pod UID (the DaemonSet), two agent pods run side by side during a rolling update;
@@ -207,7 +308,7 @@ class AgentParts:
         in our slices seed the health tracker at start (the kubelet's health stream sees them
         too) and again on taking over, before the first write.
         """
-        assert self.kube is not None
+        kube, publisher = await self._publisher(runtime, check)
         lock = None
         if self.config.pod_uid:
             lock = FileLock(
@@ -217,7 +318,7 @@ class AgentParts:
             )
         held = False
         try:
-            await self._seed(runtime)
+            await self._seed(kube, runtime)
             if lock is not None:
                 if not await lock.try_acquire():
                     log.info(
@@ -228,7 +329,7 @@ class AgentParts:
                     self.readiness.set(check, True, "standby: another agent pod on this node publishes")
                     await lock.acquire()
                     log.info("taking over publishing", extra=log_fields(driver=runtime.driver))
-                    await self._seed(runtime)  # what the old pod published last
+                    await self._seed(kube, runtime)  # what the old pod published last
                 held = True
             await publisher.run()
         finally:
@@ -237,11 +338,12 @@ class AgentParts:
                     lock.release()
                 lock.close()
 
-    async def _seed(self, runtime: DriverRuntime) -> None:
+    async def _seed(self, kube: KubeClient, runtime: DriverRuntime) -> None:
         """Hold the taints an earlier agent process published, as conditions of the health tracker."""
-        assert self.kube is not None
+        from agent.kube.published import published_taints
+
         prefix = f"{runtime.driver}/"
-        taints = await published_taints(self.kube, node_name=self.config.node_name, driver=runtime.driver)
+        taints = await published_taints(kube, node_name=self.config.node_name, driver=runtime.driver)
         for taint in taints:
             if not taint.key.startswith(prefix):
                 continue  # not a key of ours
@@ -254,6 +356,15 @@ class AgentParts:
             runtime.tracker.seed(taint.device, condition)
 
     async def _serve_metrics(self) -> None:
+        # After the kubelet sockets and the API client (a prepare waits for it), in a worker
+        # thread; the probes can wait that long.
+        await self._after_sockets()
+        if self.api is not None:
+            with anyio.move_on_after(METRICS_WAIT_SECONDS):
+                await self.api.wait()
+        await import_late(METRICS_MODULE)
+        from agent.observe.httpserver import MetricsServer
+
         server = MetricsServer(
             self.config.metrics_address,
             self.metrics,
@@ -270,6 +381,12 @@ class AgentParts:
                 tg.start_soon(self._print_pool, runtime)
 
     async def _print_pool(self, runtime: DriverRuntime) -> None:
+        import yaml
+
+        from agent.kube.capabilities import guess
+        from agent.kube.client import ServerInfo
+        from agent.kube.pool import build_pool
+
         minor = int(self.config.print_for.split(".")[1])
         # What the publisher assumes of that release until its probe has run.
         capabilities = guess(ServerInfo(1, minor, f"v{self.config.print_for}.0", "v1", None))
@@ -300,10 +417,10 @@ def load_policy(path: Path | None) -> TaintPolicy:
     return TaintPolicy.load(path) if path else TaintPolicy.default()
 
 
-async def connect_kube(config: AgentConfig) -> KubeClient | None:
-    """Connect to the API server as configured (None with ``--kube none``)."""
-    if config.kube_mode == "none":
-        return None
+async def connect_kube(config: AgentConfig) -> KubeClient:
+    """Connect to the API server as configured (``--kube in-cluster`` or ``kubeconfig``)."""
+    from agent.kube.client import KubeClient
+
     return await KubeClient.connect(config.kube_mode, config.kubeconfig)
 
 
@@ -313,23 +430,36 @@ async def run_agent(config: AgentConfig) -> None:
     metrics = Metrics()
     policy = load_policy(config.taint_policy)
     await anyio.to_thread.run_sync(preflight, config)
+    if config.kube_mode != "none" and not in_cluster(config.kube_mode, config.kubeconfig):
+        # A bad kubeconfig file still ends the agent before anything starts (the client connects later).
+        await anyio.to_thread.run_sync(check_kubeconfig, config.kubeconfig)
     backends, optional = create_backend_set(config)
-    kube = await connect_kube(config)
+    readiness = Readiness()
+    connect = None if config.kube_mode == "none" else functools.partial(connect_kube, config)
+    parts = AgentParts(
+        config,
+        kube=None,
+        connect=connect,
+        metrics=metrics,
+        readiness=readiness,
+        clock=clock,
+        policy=policy,
+    )
+    agent = Agent(
+        config,
+        backends=backends,
+        optional=optional,
+        metrics=metrics,
+        clock=clock,
+        parts=parts,
+        readiness=readiness,
+    )
     try:
-        readiness = Readiness()
-        parts = AgentParts(
-            config, kube=kube, metrics=metrics, readiness=readiness, clock=clock, policy=policy
-        )
-        agent = Agent(
-            config,
-            backends=backends,
-            optional=optional,
-            metrics=metrics,
-            clock=clock,
-            parts=parts,
-            readiness=readiness,
-        )
-        await run_until_signal(agent)
+        async with anyio.create_task_group() as tg:
+            # A failed connection (bad kubeconfig, no token) ends the agent, as it did before.
+            tg.start_soon(parts.connect_api)
+            await run_until_signal(agent)
+            tg.cancel_scope.cancel()
     finally:
-        if kube is not None:
-            await kube.close()
+        if parts.kube is not None:
+            await parts.kube.close()

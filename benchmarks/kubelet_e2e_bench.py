@@ -326,7 +326,13 @@ def profiled(output: str, phase: str, pid: int) -> Iterator[None]:
 
 
 def run(
-    prepares: int, settle: float, py_spy: str = "", state_parent: str = "/tmp", pod_uid: str = ""
+    prepares: int,
+    settle: float,
+    py_spy: str = "",
+    state_parent: str = "/tmp",
+    pod_uid: str = "",
+    *,
+    start_only: bool = False,
 ) -> dict[str, float]:
     figures: dict[str, float] = {}
     with ExitStack() as stack:
@@ -362,6 +368,12 @@ def run(
             figures["start to registration socket (ms)"] = agent.start() * 1000
             figures["start to GetInfo answered (ms)"] = (get_info(protos, agent) - agent.started_at) * 1000
             devices = api.devices()
+            if start_only:
+                kubelet = Kubelet(protos, agent.dra_socket)
+                figures["kill -9, restart to next prepare answered (ms)"] = kill_and_restart(
+                    api, protos, agent, kubelet, devices
+                )
+                return figures
             time.sleep(settle)
             figures["RSS idle (MiB)"] = rss_mib(agent.pid)
             kubelet = Kubelet(protos, agent.dra_socket)
@@ -425,25 +437,9 @@ def run(
             figures["burst of 100 empty calls wall (ms)"] = (time.perf_counter() - start) * 1000
             figures["100 claim GETs, 3 in flight, wall (ms)"] = get_all(url, burst, 3) * 1000
 
-            # kill -9 with a prepared claim; the kubelet retries its prepare until answered.
-            kept = api.allocated_claim("kept", devices[0])
-            assert not kubelet.prepare([kept]).claims[kept["uid"]].error
-            kubelet.close()
-            agent.kill()
-            restarted = time.perf_counter()
-            agent.start()
-            kubelet = Kubelet(protos, agent.dra_socket)
-            while True:
-                try:
-                    answer = kubelet.prepare([kept], timeout=1.0)
-                    break
-                except grpc.RpcError:
-                    time.sleep(0.002)
-            figures["kill -9, restart to next prepare answered (ms)"] = (
-                time.perf_counter() - restarted
-            ) * 1000
-            assert not answer.claims[kept["uid"]].error, answer
-            kubelet.close()
+            figures["kill -9, restart to next prepare answered (ms)"] = kill_and_restart(
+                api, protos, agent, kubelet, devices
+            )
         finally:
             agent.stop()
             emulator.send_signal(signal.SIGINT)
@@ -451,8 +447,37 @@ def run(
     return figures
 
 
-def main(prepares: int, settle: float, py_spy: str, state_parent: str, pod_uid: str) -> None:
-    figures = run(prepares, settle, py_spy, state_parent, pod_uid)
+def kill_and_restart(
+    api: Api, protos: GrpcioProtos, agent: AgentProcess, kubelet: Kubelet, devices: Sequence[str]
+) -> float:
+    """kill -9 with a prepared claim; ms from the restart until the kubelet's retried prepare is answered."""
+    kept = api.allocated_claim("kept", devices[0])
+    assert not kubelet.prepare([kept]).claims[kept["uid"]].error
+    kubelet.close()
+    agent.kill()
+    restarted = time.perf_counter()
+    agent.start()
+    kubelet = Kubelet(protos, agent.dra_socket)
+    failed = []
+    while True:
+        try:
+            answer = kubelet.prepare([kept], timeout=1.0)
+            break
+        except grpc.RpcError as error:
+            failed.append(f"{(time.perf_counter() - restarted) * 1000:.0f} ms: {error.code()}")
+            time.sleep(0.002)
+    took = (time.perf_counter() - restarted) * 1000
+    if failed:
+        print(f"kill -9: prepare attempts that failed before the answer: {failed}", file=sys.stderr)
+    assert not answer.claims[kept["uid"]].error, answer
+    kubelet.close()
+    return took
+
+
+def main(
+    prepares: int, settle: float, py_spy: str, state_parent: str, pod_uid: str, *, start_only: bool = False
+) -> None:
+    figures = run(prepares, settle, py_spy, state_parent, pod_uid, start_only=start_only)
     width = max(len(k) for k in figures)
     print(f"{'measure'.ljust(width)}  {'value':>9}  target")
     for name, value in figures.items():
@@ -487,5 +512,17 @@ if __name__ == "__main__":
         default="",
         help="run the agent with --pod-uid as the chart does (with the rolling-update file lock)",
     )
+    parser.add_argument(
+        "--start-only",
+        action="store_true",
+        help="only the start-up figures: start to registration socket and GetInfo, kill -9 to answered",
+    )
     args = parser.parse_args()
-    main(200 if args.quick else 1000, args.settle, args.py_spy, args.state_parent, args.pod_uid)
+    main(
+        200 if args.quick else 1000,
+        args.settle,
+        args.py_spy,
+        args.state_parent,
+        args.pod_uid,
+        start_only=args.start_only,
+    )

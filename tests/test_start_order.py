@@ -17,9 +17,18 @@ from typing import Any
 import anyio
 import pytest
 
+from agent import cli
+from agent.app import Agent
+from agent.core.clock import SystemClock
 from agent.demo import DemoOptions, agent_running, demo_config
 from agent.emulator import KubeApiEmulator
+from agent.health.taints import TaintPolicy
+from agent.kube.client import KubeClient
 from agent.kubelet.plugin import socket_paths
+from agent.observe.metrics import Metrics
+from agent.observe.readiness import Readiness
+from agent.runner import AgentParts
+from tests.kube.harness import eventually
 from tests.kubelet.grpc_support import GET_INFO, V1, grpcio_protos, grpcio_unary, short_tmp_dir
 
 NODE = "node-1"
@@ -91,3 +100,88 @@ async def test_sockets_serve_while_the_start_up_reconcile_waits_for_the_api(root
             answer = await prepare(dra_socket, "train", uid)
             assert answer.claims[uid].error == ""
             assert [d.device_name for d in answer.claims[uid].devices] == ["gpu-0"]
+
+
+async def test_a_prepare_before_the_api_client_is_connected_waits_for_it(root: Path) -> None:
+    """``dra-agent run`` connects the API client only once the kubelet sockets serve.
+
+    A prepare that the kubelet sends in between (it calls NodePrepareResources as soon as the
+    plugin is registered: pkg/kubelet/cm/dra/manager.go) is answered once the client is
+    connected, not failed for the missing client.
+    """
+    protos = grpcio_protos()
+    async with KubeApiEmulator(version="1.34") as emu:
+        emu.add_node(NODE)
+        config = replace(
+            demo_config(root, emu.write_kubeconfig(root / "kubeconfig"), DemoOptions()), node_name=NODE
+        )
+        dra_socket, registration = socket_paths(DRIVER, config.plugins_dir, config.registry_dir)
+        uid = allocated_claim(emu, "train", "gpu-0")
+        gate = anyio.Event()
+        clients: list[KubeClient] = []
+
+        async def connect() -> KubeClient:
+            await gate.wait()
+            clients.append(await KubeClient.connect(config.kube_mode, config.kubeconfig))
+            return clients[0]
+
+        metrics, readiness = Metrics(), Readiness()
+        parts = AgentParts(
+            config,
+            kube=None,
+            connect=connect,
+            metrics=metrics,
+            readiness=readiness,
+            clock=SystemClock(),
+            policy=TaintPolicy.default(),
+        )
+        agent = Agent(config, metrics=metrics, clock=SystemClock(), parts=parts, readiness=readiness)
+        answers: list[Any] = []
+
+        async def kubelet() -> None:
+            answers.append(await prepare(dra_socket, "train", uid))
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(agent.run)
+                tg.start_soon(parts.connect_api)
+                await wait_for(registration)
+                info = await grpcio_unary(
+                    registration, GET_INFO, protos.registration.InfoRequest(), protos.registration.PluginInfo
+                )
+                assert info.endpoint == str(dra_socket)
+                tg.start_soon(kubelet)
+                assert parts.api is not None
+                await eventually(lambda: parts.api is not None and parts.api.reads_waiting > 0)
+                assert not answers and parts.kube is None
+                gate.set()
+                await eventually(lambda: bool(answers), within=20)
+                assert answers[0].claims[uid].error == ""
+                assert [d.device_name for d in answers[0].claims[uid].devices] == ["gpu-0"]
+                tg.cancel_scope.cancel()
+        finally:
+            for client in clients:
+                await client.close()
+
+
+def test_a_bad_kubeconfig_still_ends_the_agent_with_one_line(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The client connects after the kubelet sockets serve, but a bad kubeconfig file still ends
+    ``dra-agent run`` before anything starts: one line on stderr, no logs of started parts."""
+    kubeconfig = root / "kubeconfig"
+    kubeconfig.write_text("garbage: [\n")
+    # fmt: off
+    code = cli.main([
+        "run", "--node-name", NODE, "--kube", "kubeconfig", "--kubeconfig", str(kubeconfig),
+        "--backend", "fake:profile=nvidia-a100-8x,control=off",
+        "--registry-dir", str(root / "registry"), "--plugins-dir", str(root / "plugins"),
+        "--cdi-root", str(root / "cdi"), "--state-dir", str(root / "state"),
+        "--metrics-address", "127.0.0.1:0",
+    ])
+    # fmt: on
+    assert code == cli.EXIT_USAGE
+    assert capsys.readouterr().err.splitlines() == [
+        f"dra-agent: error: invalid value '{kubeconfig}' for --kubeconfig: expected a kubeconfig YAML file; "
+        "it is not valid YAML at line 2 (did not find expected node content)"
+    ]

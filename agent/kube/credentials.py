@@ -129,6 +129,13 @@ def check_kubeconfig(kubeconfig: Path | str | None) -> None:
             )
 
 
+def in_cluster(mode: str, kubeconfig: Path | str | None) -> bool:
+    """Whether `load_credentials` uses the service account (else the kubeconfig file)."""
+    return mode == "in-cluster" or (
+        mode == "auto" and kubeconfig is None and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    )
+
+
 async def load_credentials(mode: str = "auto", kubeconfig: Path | str | None = None) -> Any:
     """A kubernetes-asyncio ``Configuration`` from the service account or a kubeconfig file.
 
@@ -140,11 +147,9 @@ async def load_credentials(mode: str = "auto", kubeconfig: Path | str | None = N
     from kubernetes_asyncio.client.configuration import Configuration
 
     cfg = Configuration()
-    in_cluster = mode == "in-cluster" or (
-        mode == "auto" and kubeconfig is None and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    )
+    in_pod = in_cluster(mode, kubeconfig)
     try:
-        if in_cluster:
+        if in_pod:
             config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         else:
             await anyio.to_thread.run_sync(check_kubeconfig, kubeconfig)
@@ -152,7 +157,7 @@ async def load_credentials(mode: str = "auto", kubeconfig: Path | str | None = N
                 config_file=str(kubeconfig) if kubeconfig else None, client_configuration=cfg
             )
     except (config.ConfigException, OSError) as error:
-        where = "in-cluster service account" if in_cluster else f"kubeconfig {kubeconfig or '~/.kube/config'}"
+        where = "in-cluster service account" if in_pod else f"kubeconfig {kubeconfig or '~/.kube/config'}"
         raise KubeApiError(
             f"cannot load Kubernetes credentials from the {where}: {error} "
             "(set --kube and --kubeconfig, or run inside a Pod with a service account)"

@@ -1,7 +1,6 @@
 """The agent's HTTP endpoints: ``/metrics`` (Prometheus), ``/healthz`` (liveness), ``/readyz``.
 
-Default port 9478 (`DEFAULT_METRICS_PORT`): it clashes neither with dcgm-exporter
-(9400) nor with AMD's device metrics exporter (5000), which often run on the same nodes.
+Default port 9478 (`DEFAULT_METRICS_PORT`, in `agent.observe.address`).
 
 A scrape never waits on the event loop: collection, encoding and gzip (when the scraper accepts
 it) run in a worker thread (they still hold the GIL while they run: ~5 ms for 16 GPUs). Liveness
@@ -24,27 +23,14 @@ from prometheus_client.exposition import choose_encoder
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ConfigError
 from agent.core.logs import log_fields
+from agent.observe.address import parse_address
 from agent.observe.metrics import Metrics
 from agent.observe.readiness import Readiness
 
 log = logging.getLogger("agent.observe.httpserver")
 
-DEFAULT_METRICS_PORT = 9478
 DEFAULT_HEARTBEAT_SECONDS = 1.0
 DEFAULT_MAX_LOOP_LAG_SECONDS = 5.0
-
-
-def parse_address(address: str) -> tuple[str | None, int]:
-    """``HOST:PORT`` (``[::]:9478`` for IPv6; empty host = all interfaces) -> (host, port)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(
-            "--metrics-address",
-            address,
-            f"HOST:PORT such as 0.0.0.0:{DEFAULT_METRICS_PORT} (port 0 picks one)",
-        )
-    host = host.strip("[]")
-    return (host or None), int(port)
 
 
 class LoopHeartbeat:

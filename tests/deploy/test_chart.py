@@ -15,7 +15,7 @@ from agent.config import OPTIONS, build_config
 from agent.core.errors import ConfigError
 from agent.core.model import Device
 from agent.health.taints import TaintPolicy
-from agent.observe.httpserver import DEFAULT_METRICS_PORT
+from agent.observe.address import DEFAULT_METRICS_PORT
 from backends.amd.backend import SETTINGS as AMD_SETTINGS
 from backends.nvidia.backend import SETTINGS as NVIDIA_SETTINGS
 from tests.deploy.chart import CHART, CI_VALUES, KUBE_VERSION, NAMESPACE, load_values, render_objects

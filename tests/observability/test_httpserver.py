@@ -14,7 +14,8 @@ from prometheus_client.registry import Collector
 
 from agent.core.clock import SystemClock
 from agent.core.errors import ConfigError
-from agent.observe.httpserver import LoopHeartbeat, MetricsServer, parse_address
+from agent.observe.address import parse_address
+from agent.observe.httpserver import LoopHeartbeat, MetricsServer
 from agent.observe.metrics import Metrics
 from agent.observe.readiness import Readiness
 from tests.support.clock import FakeClock
