@@ -389,7 +389,7 @@ class AgentParts:
 
         minor = int(self.config.print_for.split(".")[1])
         # What the publisher assumes of that release until its probe has run.
-        capabilities = guess(ServerInfo(1, minor, f"v{self.config.print_for}.0", "v1", None))
+        capabilities = guess(ServerInfo(1, minor, f"v{self.config.print_for}.0", "v1"))
         support = capabilities.taint_support
         version = -1
         while True:

@@ -34,7 +34,6 @@ log = logging.getLogger("agent.kube.client")
 
 RESOURCE_GROUP = "resource.k8s.io"
 SLICE_VERSIONS = ("v1", "v1beta2", "v1beta1")
-TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
 REQUEST_CONCURRENCY = 3
 """Requests in flight at once (claim reads included); more wait. With HTTP/1.1 each needs its own
 connection, so with the one watch per driver a one-driver agent uses at most 4 connections."""
@@ -70,7 +69,6 @@ class ServerInfo:
     minor: int
     git_version: str
     slice_version: str
-    taint_rule_version: str | None
 
     @property
     def taint_support(self) -> ClusterTaintSupport:
@@ -285,7 +283,8 @@ class KubeClient:
             if error.status == 404:
                 raise KubeApiError(_NO_DRA_HELP, 404, "NotFound") from error
             raise
-        served = [str(v.get("version")) for v in group.get("versions", []) if isinstance(v, dict)]
+        versions = [str(v.get("version")) for v in group.get("versions", []) if isinstance(v, dict)]
+        served = [v for v in versions if v in SLICE_VERSIONS]  # only the ResourceSlice versions matter
         resources: dict[str, set[str]] = {}
         errors: list[KubeApiError] = []
 
@@ -306,18 +305,14 @@ class KubeClient:
         slice_version = next((v for v in SLICE_VERSIONS if "resourceslices" in resources.get(v, ())), None)
         if slice_version is None:
             raise KubeApiError(_NO_DRA_HELP, 404, "NotFound")
-        rule_version = next(
-            (v for v in TAINT_RULE_VERSIONS if "devicetaintrules" in resources.get(v, ())), None
-        )
         self._info = ServerInfo(
-            major, minor, str(version.get("gitVersion", f"v{major}.{minor}")), slice_version, rule_version
+            major, minor, str(version.get("gitVersion", f"v{major}.{minor}")), slice_version
         )
         log.info(
             "connected to the API server",
             extra=log_fields(
                 server=self._info.git_version,
                 resource_api=f"{RESOURCE_GROUP}/{slice_version}",
-                taint_rules=rule_version or "not served",
             ),
         )
         return self._info

@@ -17,8 +17,8 @@ from agent.core.errors import KubeApiError
 from agent.kube.capabilities import probe
 from agent.kube.client import ServerInfo
 
-INFO_134 = ServerInfo(1, 34, "v1.34.2", "v1", None)
-INFO_135 = ServerInfo(1, 35, "v1.35.0", "v1", None)
+INFO_134 = ServerInfo(1, 34, "v1.34.2", "v1")
+INFO_135 = ServerInfo(1, 35, "v1.35.0", "v1")
 
 
 class FakeServer:
@@ -80,7 +80,7 @@ async def test_other_refusals_are_raised(status: int) -> None:
 async def test_v1beta1_probe_uses_the_basic_shape() -> None:
     server = FakeServer(max_taints=16, none_effect=True, keeps_taints=False)
     await probe(
-        server, ServerInfo(1, 32, "v1.32.1", "v1beta1", None), driver="gpu.example.com", node_name="n"
+        server, ServerInfo(1, 32, "v1.32.1", "v1beta1"), driver="gpu.example.com", node_name="n"
     )
     (device,) = server.bodies[0]["spec"]["devices"]
     assert set(device) == {"name", "basic"}

@@ -43,9 +43,9 @@ def test_v1beta1_claim_requests_move_under_exactly() -> None:
 
 
 def test_server_info_taint_support() -> None:
-    old = ServerInfo(1, 34, "v1.34.2", "v1", "v1alpha3")
-    new = ServerInfo(1, 35, "v1.35.0", "v1", "v1alpha3")
+    old = ServerInfo(1, 34, "v1.34.2", "v1")
+    new = ServerInfo(1, 35, "v1.35.0", "v1")
     assert old.taint_support.max_taints_per_device == 4 and not old.taint_support.none_effect
     assert new.taint_support.max_taints_per_device == 16 and new.taint_support.none_effect
     assert old.max_devices_with_taints == 128 and new.max_devices_with_taints == 64
-    assert not ServerInfo(1, 32, "v1.32.4", "v1beta1", None).slice_taints_possible
+    assert not ServerInfo(1, 32, "v1.32.4", "v1beta1").slice_taints_possible
