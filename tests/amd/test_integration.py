@@ -18,6 +18,7 @@ from agent.core.backend import (
     DeviceTelemetry,
     HealthSink,
 )
+from agent.core.cel import match_attribute, matches
 from agent.core.inventory import Inventory
 from agent.core.model import Device
 from agent.health.taints import ClusterTaintSupport, TaintPolicy
@@ -26,7 +27,6 @@ from agent.kube.pool import build_pool
 from tests.amd.conftest import MakeBackend
 from tests.fakes.fake_amdsmi import AMDSMI_STATUS_DRIVER_NOT_LOADED, FakeAmdSmi, mi300x
 from tests.support.clock import FakeClock
-from tests.support.k8s_cel import match_attribute, matches
 
 SEED_SELECTOR = (
     'device.attributes["gpu.amd.com"].productName == "AMD_Instinct_MI300X_OAM" && '

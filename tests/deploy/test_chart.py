@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from agent.config import OPTIONS, build_config
+from agent.core.cel import matches
 from agent.core.errors import ConfigError
 from agent.core.model import Device
 from agent.health.taints import TaintPolicy
@@ -19,7 +20,6 @@ from agent.observe.address import DEFAULT_METRICS_PORT
 from backends.amd.backend import SETTINGS as AMD_SETTINGS
 from backends.nvidia.backend import SETTINGS as NVIDIA_SETTINGS
 from tests.deploy.chart import CHART, CI_VALUES, KUBE_VERSION, NAMESPACE, load_values, render_objects
-from tests.support.k8s_cel import matches
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # RFC 1035 (Service names)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agent.core.cel import match_attribute, matches
 from agent.core.model import Device
 from backends.fake.profile import load_profile
-from tests.support.k8s_cel import match_attribute, matches
 
 MIG = "device.attributes['gpu.nvidia.com'].type == 'mig'"
 

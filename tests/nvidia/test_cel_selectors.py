@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from agent.core.cel import CelError, match_attribute, matches
 from agent.core.model import Device, Version
 from agent.core.quantity import Quantity
 from agent.kube.slices import device_to_api
 from tests.fakes.fake_pynvml import FakeNvml
 from tests.nvidia.conftest import BackendFactory
-from tests.support.k8s_cel import CelError, match_attribute, matches
 
 MIG_CLASS = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
 GPU_CLASS = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
