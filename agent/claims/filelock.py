@@ -22,8 +22,6 @@ from agent.core.logs import log_fields
 
 log = logging.getLogger("agent.claims.filelock")
 
-LOCK_FILE_NAME = "serialize.lock"
-
 
 class FileLockError(AgentError):
     """The lock file cannot be opened or locked."""

@@ -20,9 +20,6 @@ _DRA_VERSIONS: Mapping[str, tuple[str, ...]] = {
 SUPPORTED_RELEASES = tuple(_DRA_VERSIONS)
 _PATCH_RELEASE = {"1.32": 4, "1.33": 5, "1.34": 2, "1.35": 0, "1.36": 2}
 
-_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
-_SUB_VERBS = ("get", "patch", "update")
-
 _META_NAME = ("metadata.name",)
 _META_NS = ("metadata.name", "metadata.namespace")
 
@@ -56,11 +53,6 @@ class ResourceType:
         """Whether a release serves this resource in a version."""
         first = self.added_in.get(version)
         return version in self.versions and (first is None or minor_of(release) >= minor_of(first))
-
-    @property
-    def group_resource(self) -> str:
-        """``plural.group`` as the apiserver names it in messages."""
-        return f"{self.plural}.{self.group}" if self.group else self.plural
 
     def api_version(self, version: str) -> str:
         """``group/version`` (``v1`` for core)."""

@@ -30,7 +30,6 @@ _SEMVER = re.compile(
     r"(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
     r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?$"
 )
-_INT64 = (-(2**63), 2**63 - 1)
 
 DNS_LABEL_MSG = (
     "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
@@ -63,7 +62,6 @@ SLICE_MAX_DEVICES = 128
 SLICE_MAX_DEVICES_WITH_TAINTS = 64
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 DEVICE_MAX_ID_LENGTH = 32
-DEVICE_MAX_DOMAIN_LENGTH = 63
 DRIVER_NAME_MAX_LENGTH = 63
 POOL_NAME_MAX_LENGTH = 253
 ATTRIBUTE_STRING_MAX = 64

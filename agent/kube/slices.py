@@ -22,14 +22,8 @@ MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
 """From 1.35, when a device has taints (``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters``)."""
 API_GROUP = "resource.k8s.io"
-API_VERSIONS = ("v1", "v1beta2", "v1beta1")
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "dra-agent"
-
-
-def qualify(name: str, driver: str) -> str:
-    """Attribute names without a domain belong to the driver's domain."""
-    return name if "/" in name else f"{driver}/{name}"
 
 
 def attribute_to_api(value: bool | int | str | Version) -> dict[str, Any]:

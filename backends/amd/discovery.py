@@ -27,7 +27,7 @@ from agent.core.logs import log_fields
 from agent.core.model import AttributeValue, Device, Version
 from agent.core.quantity import Quantity
 from agent.core.semver import normalize_version
-from backends.amd.smi import LOST_STATUSES, describe, error_code, handle_key, log_degraded
+from backends.amd.smi import describe, handle_key, log_degraded
 
 log = logging.getLogger("agent.backends.amd")
 
@@ -380,8 +380,3 @@ def build_devices(infos: Sequence[ProcessorInfo], driver: str, warned: set[str] 
             )
     devices.sort(key=lambda d: (entries[d.name].card, entries[d.name].render))
     return Discovery(tuple(devices), entries)
-
-
-def lost_error(smi: Any, error: BaseException) -> bool:
-    """Whether an amdsmi error means the GPU is gone (as opposed to unsupported)."""
-    return isinstance(error, smi.AmdSmiException) and error_code(error) in LOST_STATUSES

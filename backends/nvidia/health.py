@@ -51,16 +51,6 @@ log = logging.getLogger("agent.backends.nvidia.health")
 
 # XIDs caused by the application (illegal address, MMU fault in user code, ...), not the GPU.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-RECOVERY_ACTIONS = {
-    0: "none",
-    1: "gpu-reset",
-    2: "node-reboot",
-    3: "drain-p2p",
-    4: "drain-and-reset",
-    5: "recover-imex-domain",
-    6: "bus-reset",
-    7: "system-reboot",
-}
 
 XID = "xid"
 GPU_LOST = "gpu-lost"
