@@ -778,7 +778,7 @@ class KubeApiEmulator:
                 # Snapshot before the first await: later changes arrive as events after `position`.
                 current = [obj for _, obj in self.store.items(store_key(rtype)) if visible(obj)]
                 for obj in current:
-                    await send("ADDED", _converted(self.registry, rtype, version, obj))
+                    await send("ADDED", _converted(rtype, version, obj))
                 if initial:
                     await bookmark(position, {"k8s.io/initial-events-end": "true"})
             else:
@@ -804,7 +804,7 @@ class KubeApiEmulator:
                 for event in pending:
                     kind = _transition(event.type, event.old, event.obj, visible)
                     if kind:
-                        await send(kind, _converted(self.registry, rtype, version, event.obj))
+                        await send(kind, _converted(rtype, version, event.obj))
                 position = snapshot
                 now = anyio.current_time()
                 if now >= deadline:
@@ -827,7 +827,7 @@ class KubeApiEmulator:
         return response
 
 
-def _converted(registry: Registry, rtype: ResourceType, version: str, obj: JSON) -> JSON:
+def _converted(rtype: ResourceType, version: str, obj: JSON) -> JSON:
     from agent.emulator.conversion import from_internal
 
     return from_internal(rtype, version, obj)

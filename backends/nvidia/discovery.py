@@ -188,7 +188,7 @@ def mig_device_name(minor: int, profile: str, gi_profile_id: int, placement_star
     return f"gpu-{minor}-mig-{compact}-{gi_profile_id}-{placement_start}"
 
 
-def _version(nvml: Nvml, what: str, raw: object) -> Version | None:
+def _version(what: str, raw: object) -> Version | None:
     try:
         return Version(normalize_version(str(raw)))
     except AgentError as error:
@@ -211,7 +211,7 @@ def _system(nvml: Nvml) -> _System:
         # 12040 -> 12.4.0
         cuda_version = Version(f"{cuda // 1000}.{(cuda % 1000) // 10}.0")
     return _System(
-        driver_version=_version(nvml, "driverVersion", text(driver)) if driver else None,
+        driver_version=_version("driverVersion", text(driver)) if driver else None,
         cuda_driver_version=cuda_version,
     )
 
