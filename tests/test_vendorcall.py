@@ -12,6 +12,7 @@ import pytest
 from agent.core.vendorcall import (
     VendorCallTimeoutError,
     VendorLane,
+    acquire_when_free,
     exit_if_vendor_calls_hung,
     run_vendor_call,
     vendor_calls_running,
@@ -95,6 +96,17 @@ async def test_a_lane_runs_one_call_at_a_time() -> None:
         for _ in range(8):
             tg.start_soon(lane.run, call)
     assert most[0] == 1
+
+
+async def test_acquire_when_free_waits_for_the_holder_and_gives_up_past_its_bound() -> None:
+    lock = threading.Lock()
+    lock.acquire()
+    assert not await acquire_when_free(lock, 0.02)  # still held: the caller leaves it
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.to_thread.run_sync, lock.release)
+        assert await acquire_when_free(lock, 30)
+    assert lock.locked()
+    lock.release()
 
 
 def test_exit_returns_when_no_call_hangs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -116,6 +116,19 @@ class VendorLane:
         )
 
 
+async def acquire_when_free(lock: threading.Lock, within: float) -> bool:
+    """Take `lock` once the worker thread that holds it lets go; ``False`` after `within` seconds.
+
+    Polls a non-blocking acquire, so that a cancelled caller never leaves a thread behind that
+    would take the lock later (a vendor handle freed under a call in flight is a use after free).
+    """
+    with anyio.move_on_after(within):
+        while not lock.acquire(blocking=False):  # noqa: ASYNC110
+            await anyio.sleep(0.005)
+        return True
+    return False
+
+
 def vendor_calls_running() -> list[str]:
     """What the vendor calls still running in a worker thread are doing."""
     return sorted(

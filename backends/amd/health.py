@@ -40,7 +40,7 @@ from agent.core.backend import ConditionKind, HealthEvent, HealthSink, report_al
 from agent.core.clock import Clock
 from agent.core.logs import log_fields
 from agent.core.model import Severity
-from agent.core.vendorcall import STOP_TIMEOUT, VendorCallTimeoutError
+from agent.core.vendorcall import STOP_TIMEOUT, VendorCallTimeoutError, acquire_when_free
 from backends.amd.discovery import DeviceEntry
 from backends.amd.smi import (
     LOST_STATUSES,
@@ -353,11 +353,7 @@ class HealthMonitor:
     async def _close(self, readers: Sequence[Any], timeout_ms: int) -> None:
         """Stop the readers once no read uses them (a cancelled read returns within its timeout)."""
         self._closing = True
-        acquired = False
-        with anyio.move_on_after(timeout_ms / 1000 + 0.25):
-            while not (acquired := self._read_lock.acquire(blocking=False)):  # noqa: ASYNC110
-                await anyio.sleep(0.005)
-        if not acquired:
+        if not await acquire_when_free(self._read_lock, timeout_ms / 1000 + 0.25):
             log.warning("GPU event read did not return; leaving its readers", extra=log_fields())
             return
         try:

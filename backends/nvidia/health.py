@@ -43,7 +43,7 @@ from agent.core.clock import Clock
 from agent.core.errors import ConfigError
 from agent.core.logs import log_fields
 from agent.core.model import Severity
-from agent.core.vendorcall import STOP_TIMEOUT, VendorCallTimeoutError
+from agent.core.vendorcall import STOP_TIMEOUT, VendorCallTimeoutError, acquire_when_free
 from backends.nvidia.discovery import INVALID_INSTANCE_ID, GpuInfo, NvDevice
 from backends.nvidia.nvml import Nvml, text
 
@@ -201,12 +201,8 @@ class HealthMonitor:
     async def _release(self) -> None:
         """Free the event set once no worker thread uses it (a cancelled wait returns within its timeout)."""
         self._closing = True
-        acquired = False
         # Freeing the set under a wait in flight would be a use after free: wait for it, bounded.
-        with anyio.move_on_after(self._wait_ms / 1000 + 0.25):
-            while not (acquired := self._set_lock.acquire(blocking=False)):  # noqa: ASYNC110
-                await anyio.sleep(0.005)
-        if not acquired:
+        if not await acquire_when_free(self._set_lock, self._wait_ms / 1000 + 0.25):
             log.warning("NVML event wait did not return; leaving its event set", extra=log_fields())
             return
         try:
