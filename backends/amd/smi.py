@@ -36,7 +36,6 @@ STATUS_INIT_ERROR = 18
 STATUS_NOT_FOUND = 31
 STATUS_NOT_INIT = 32
 STATUS_DRIVER_NOT_LOADED = 34
-STATUS_NO_DATA = 40
 
 # Statuses that mean the GPU (or its driver) went away under us, not that a call is unsupported.
 LOST_STATUSES = frozenset(
