@@ -43,6 +43,9 @@ Settings (``--backend nvidia:key=value,...``):
   device at prepare (`backends.nvidia.dynamicmig`), with its missing capability device nodes
   (`backends.nvidia.capnodes`); ``dynamic-mig-dir`` (default ``/var/lib/dra-agent``) holds its
   journal.
+- ``consumable-shares``: ``disabled`` (default), ``memory``, ``unlimited`` or a number: publish
+  devices shareable by several claims (`agent.core.sharing.ConsumableShares`); claims choose
+  time-slicing or MPS in their opaque configuration (`backends.nvidia.sharingconfig`).
 
 A GPU that falls off the bus while the agent runs gets the STATE condition ``gpu-lost`` on all
 its devices (so the taint policy taints them) and stays published with it; the next rediscovery
