@@ -79,8 +79,6 @@ async def test_other_refusals_are_raised(status: int) -> None:
 
 async def test_v1beta1_probe_uses_the_basic_shape() -> None:
     server = FakeServer(max_taints=16, none_effect=True, keeps_taints=False)
-    await probe(
-        server, ServerInfo(1, 32, "v1.32.1", "v1beta1"), driver="gpu.example.com", node_name="n"
-    )
+    await probe(server, ServerInfo(1, 32, "v1.32.1", "v1beta1"), driver="gpu.example.com", node_name="n")
     (device,) = server.bodies[0]["spec"]["devices"]
     assert set(device) == {"name", "basic"}
