@@ -474,7 +474,7 @@ class SlicePublisher:
                 extra=log_fields(driver=self.driver, device=dropped),
             )
             if self._metrics is not None:
-                self._metrics.dropped_taint_fallbacks.labels(self.driver).inc()
+                self._metrics.taints_dropped.labels(self.driver).inc()
             caps = self._capabilities = caps.without_slice_taints()
             published = {}
             self._wake.set()

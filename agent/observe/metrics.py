@@ -217,7 +217,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
-        self.dropped_taint_fallbacks = Counter(
+        self.taints_dropped = Counter(
             "dra_agent_taints_dropped_by_apiserver_total",
             "Slices whose taints the API server dropped (DRADeviceTaints off).",
             ("driver",),
@@ -332,7 +332,7 @@ class Metrics:
         self.health_watchers.labels(driver)
         self.slices_published.labels(driver)
         self.publish_latency.labels(driver)
-        self.dropped_taint_fallbacks.labels(driver)
+        self.taints_dropped.labels(driver)
         self.unpublishable_devices.labels(driver)
         self.monitor_last_seen.labels(driver)
         self.telemetry_read_seconds.labels(driver)
