@@ -164,7 +164,8 @@ async def load_credentials(mode: str = "auto", kubeconfig: Path | str | None = N
     `mode` is ``in-cluster``, ``kubeconfig`` or ``auto`` (in-cluster inside a Pod unless a
     kubeconfig is given). Raises `KubeApiError` saying what to set when nothing can be loaded.
     """
-    lazy_kubernetes_asyncio()
+    # Importing the loaders takes ~40 ms (urllib3, yaml): not on the event loop, which serves the kubelet.
+    await anyio.to_thread.run_sync(lazy_kubernetes_asyncio)
     from kubernetes_asyncio import config
     from kubernetes_asyncio.client.configuration import Configuration
 
