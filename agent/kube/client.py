@@ -154,7 +154,7 @@ class KubeClient:
             )
         except ValueError as error:
             raise KubeApiError(f"cannot use the API server {base}: {error}") from error
-        self._requests = anyio.Semaphore(request_concurrency)
+        self._requests = anyio.Semaphore(request_concurrency, fast_acquire=True)
 
     # ----- construction -------------------------------------------------------------------
 

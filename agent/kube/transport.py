@@ -18,6 +18,7 @@ nothing of the answer read, a replayable request: GET, HEAD, OPTIONS or TRACE).
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import time
@@ -95,28 +96,33 @@ class _Head:
 
 
 class _Connection:
-    __slots__ = ("idle_since", "reader", "reused", "stream")
+    __slots__ = ("fd", "idle_since", "reader", "reused", "stream", "tls")
 
-    def __init__(self, stream: ByteStream) -> None:
+    def __init__(self, stream: ByteStream, tls: bool) -> None:
         self.stream = stream
         self.reader = BufferedByteReceiveStream(stream)
+        self.tls = tls
+        raw = stream.extra(SocketAttribute.raw_socket, None)
+        self.fd = raw.fileno() if raw is not None else -1
         self.reused = False
         self.idle_since = 0.0
 
     def peer_closed(self) -> bool:
-        """Whether the server closed this idle connection already (one non-blocking peek).
+        """Whether the server closed this idle connection already (one poll, no wait).
 
         Checked before a reuse, as aiohttp did: otherwise a POST on a connection the server timed
         out would fail, since it may not be resent.
         """
         if self.reader.buffer:  # bytes nobody asked for: the connection is out of step
             return True
-        raw = self.stream.extra(SocketAttribute.raw_socket, None)
-        if raw is None:
-            return False
-        # asyncio hands out a socket wrapper without recv(): peek through a view of the same file
-        # descriptor (detached again, so it is not closed).
-        view = socket.socket(fileno=raw.fileno())
+        if self.fd < 0 or not select.select([self.fd], [], [], 0)[0]:
+            return False  # nothing to read: open (the common case)
+        if not self.tls:
+            return True  # an end of file, or bytes nobody asked for
+        # TLS: a session ticket may be waiting; only an end of file means closed. asyncio hands out
+        # a socket wrapper without recv(): peek through a view of the file descriptor (detached
+        # again, so it is not closed).
+        view = socket.socket(fileno=self.fd)
         try:
             return view.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
         except BlockingIOError:
@@ -215,7 +221,8 @@ class HttpClient:
         if self._absolute:
             self._fixed_headers += "".join(f"{line}\r\n" for line in self._proxy_lines)
         self._keepalive = keepalive
-        self._slots = anyio.Semaphore(limit)
+        # fast_acquire: no trip through the event loop when a slot is free (one less per request).
+        self._slots = anyio.Semaphore(limit, fast_acquire=True)
         self._idle: list[_Connection] = []  # oldest first: reuse from the end, expire from the start
         self._closed = False
 
@@ -351,7 +358,7 @@ class HttpClient:
         except BaseException:
             await anyio.aclose_forcefully(stream)
             raise
-        return _Connection(stream)
+        return _Connection(stream, self._tls)
 
     async def _tunnel(self, stream: ByteStream) -> None:
         """Ask the proxy for a tunnel to the API server (CONNECT, RFC 9110 9.3.6)."""
@@ -416,27 +423,27 @@ async def _read_head(reader: BufferedByteReceiveStream, method: str) -> _Head:
 
 
 def _parse_head(raw: bytes, method: str) -> _Head:
-    status_line, *lines = raw.split(b"\r\n")
-    version, _, rest = status_line.partition(b" ")
+    status_line, *lines = raw.decode("latin-1").split("\r\n")
+    version, _, rest = status_line.partition(" ")
     code = rest[:3]
     if (
-        version not in (b"HTTP/1.1", b"HTTP/1.0")
-        or not code.isdigit()
+        version not in ("HTTP/1.1", "HTTP/1.0")
         or len(code) != 3
-        or rest[3:4] not in (b"", b" ")
+        or not (code.isascii() and code.isdigit())
+        or rest[3:4] not in ("", " ")
     ):
         raise HttpError("answer malformed", f"bad status line {status_line[:100]!r}")
     status = int(code)
     headers: dict[str, str] = {}
     for line in lines:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name != name.strip() or b" " in name or b"\t" in name:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip() or " " in name or "\t" in name:
             raise HttpError("answer malformed", f"bad header line {line[:100]!r}")
-        key = name.decode("latin-1").lower()
-        text = value.strip().decode("latin-1")
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        key = name.lower()
+        value = value.strip()
+        headers[key] = f"{headers[key]}, {value}" if key in headers else value
     connection = {token.strip().lower() for token in headers.get("connection", "").split(",")}
-    keep_alive = version == b"HTTP/1.1" and "close" not in connection
+    keep_alive = version == "HTTP/1.1" and "close" not in connection
     chunked, length = False, None
     transfer = headers.get("transfer-encoding")
     if method == "HEAD" or status in (204, 304) or status < 200 or (method == "CONNECT" and status < 300):
