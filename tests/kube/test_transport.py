@@ -623,7 +623,8 @@ def tls_client(url: str, pki: Pki, **settings: Any) -> KubeClient:
 
 
 async def answer_with_the_peer(request: Request, stream: ByteStream) -> Reply:
-    subject = dict(item[0] for item in stream.extra(TLSAttribute.peer_certificate)["subject"])
+    certificate: Any = stream.extra(TLSAttribute.peer_certificate)
+    subject = dict(item[0] for item in certificate["subject"])
     return ok(json.dumps({"client": subject["commonName"]}).encode())
 
 
