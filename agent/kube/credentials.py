@@ -50,7 +50,7 @@ _OPENID = f"{_ROOT}.config.openid"
 
 
 def _deferred_module(name: str, attribute: Any, path: list[str] | None = None) -> ModuleType:
-    """A module for `name` (a package's ``__init__``) whose code runs only when `attribute` cannot answer.
+    """A module for `name` (or a package's ``__init__``) whose code runs only when `attribute` cannot answer.
 
     `path`: the directories to find a submodule in without importing its parent package.
     """

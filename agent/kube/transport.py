@@ -59,7 +59,8 @@ class HttpError(Exception):
     """An exchange without a (complete, well-formed) answer; `what` says how far it got.
 
     ``unreachable``: no answer (connect, TLS, proxy, sending, the status line); ``connection lost``:
-    the body did not arrive; ``answer malformed`` / ``answer too large``: refused.
+    the body did not arrive; ``answer malformed`` / ``answer too large``: refused; ``not
+    contacted``: the request could not be written (a header with a line break).
     """
 
     def __init__(self, what: str, detail: str) -> None:
@@ -160,7 +161,7 @@ class StreamingAnswer:
         return part
 
     async def read(self) -> bytes:
-        """The rest of the body (at most `MAX_BODY_BYTES`)."""
+        """The whole body, instead of `next_part` (at most `MAX_BODY_BYTES`)."""
         try:
             with anyio.fail_after(self._read_timeout):
                 body = await _read_body(self._connection.reader, self._head)
@@ -251,19 +252,12 @@ class HttpClient:
                 with anyio.fail_after(timeout):
                     connection, head = await self._send(method, data)
                     content = await _read_body(connection.reader, head)
-            except HttpError:
-                if connection is not None:
+            except BaseException as error:
+                if connection is not None:  # (`_send` closes its connection when it fails)
                     await connection.close()
-                raise
-            except _STREAM_ERRORS as error:
-                if connection is not None:
-                    await connection.close()
-                raise HttpError(
-                    "unreachable" if connection is None else "connection lost", _describe(error)
-                ) from error
-            except BaseException:
-                if connection is not None:
-                    await connection.close()
+                if isinstance(error, _STREAM_ERRORS):
+                    what = "unreachable" if connection is None else "connection lost"
+                    raise HttpError(what, _describe(error)) from error
                 raise
             await self._release(connection, head.keep_alive)
         return Answer(head.status, head.headers, content)
@@ -389,7 +383,7 @@ class HttpClient:
         parts = [f"{method} {target} HTTP/1.1\r\n", self._fixed_headers]
         for name, value in headers.items():
             if "\r" in value or "\n" in value:  # a token with a line break would split the request
-                raise HttpError("unreachable", f"header {name} holds a line break: refused to send it")
+                raise HttpError("not contacted", f"header {name} holds a line break: refused to send it")
             parts.append(f"{name}: {value}\r\n")
         if body is not None or method in ("POST", "PUT", "PATCH"):
             parts.append(f"Content-Length: {len(body or b'')}\r\n")
