@@ -360,7 +360,7 @@ class CheckpointStore:
         self.path = path
         self.boot_id = boot_id
         self._entries: dict[str, ClaimEntry] = {}
-        self._write_lock = anyio.Lock()
+        self._write_lock = anyio.Lock(fast_acquire=True)  # no loop trip when uncontended
         self._changes = 0
         self._written = 0
         self._synced = 0
