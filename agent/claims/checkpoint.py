@@ -360,6 +360,8 @@ class CheckpointStore:
         self.path = path
         self.boot_id = boot_id
         self._entries: dict[str, ClaimEntry] = {}
+        self._by_device: dict[str, dict[str, None]] = {}
+        """Device name -> UIDs of the entries naming it: a share's peers without a scan of all entries."""
         self._write_lock = anyio.Lock(fast_acquire=True)  # no loop trip when uncontended
         self._changes = 0
         self._written = 0
@@ -371,7 +373,7 @@ class CheckpointStore:
 
     def load(self, entries: Mapping[str, ClaimEntry]) -> None:
         """Replace the in-memory entries (at start, or after reading the file another agent wrote)."""
-        self._entries = dict(entries)
+        self._replace_all(entries)
         self._identity = None
 
     def is_current(self) -> bool:
@@ -395,7 +397,7 @@ class CheckpointStore:
         unpin, self._pinned, self._identity = self._pinned, None, None
         outcome, pinned, identity = await anyio.to_thread.run_sync(_read_file, self.path, now, unpin)
         if outcome.problem is None:
-            self._entries = dict(outcome.data.entries) if outcome.data is not None else {}
+            self._replace_all(outcome.data.entries if outcome.data is not None else {})
             self._pinned, self._identity = pinned, identity
         elif pinned is not None:
             os.close(pinned)
@@ -416,6 +418,10 @@ class CheckpointStore:
         """A copy of all entries."""
         return dict(self._entries)
 
+    def holders(self, device: str) -> list[ClaimEntry]:
+        """The entries that name `device`."""
+        return [self._entries[uid] for uid in self._by_device.get(device, ())]
+
     async def put(
         self, entry: ClaimEntry, *, durable: bool = True, before: Callable[[], None] | None = None
     ) -> None:
@@ -430,7 +436,7 @@ class CheckpointStore:
         tmpfs, device preparation); a killed agent still finds the entry.
         """
         previous = self._entries.get(entry.uid)
-        self._entries[entry.uid] = entry
+        self._set(entry.uid, entry)
         if before is None:
             await self._commit(lambda: self._restore(entry.uid, previous), durable=durable)
             return
@@ -457,7 +463,8 @@ class CheckpointStore:
         """
         if uid not in self._entries:
             return
-        previous = self._entries.pop(uid)
+        previous = self._entries[uid]
+        self._set(uid, None)
         if after is None:
             await self._commit(lambda: self._restore(uid, previous))
             return
@@ -476,10 +483,29 @@ class CheckpointStore:
         await self._commit(lambda: None)
 
     def _restore(self, uid: str, previous: ClaimEntry | None) -> None:
-        if previous is None:
+        self._set(uid, previous)
+
+    def _set(self, uid: str, entry: ClaimEntry | None) -> None:
+        """Add, replace (`entry`) or drop (None) the entry of `uid`, keeping the device index."""
+        old = self._entries.get(uid)
+        if old is not None:
+            for device in old.devices:
+                uids = self._by_device.get(device.device)
+                if uids is not None:
+                    uids.pop(uid, None)
+                    if not uids:
+                        del self._by_device[device.device]
+        if entry is None:
             self._entries.pop(uid, None)
-        else:
-            self._entries[uid] = previous
+            return
+        self._entries[uid] = entry
+        for device in entry.devices:
+            self._by_device.setdefault(device.device, {})[uid] = None
+
+    def _replace_all(self, entries: Mapping[str, ClaimEntry]) -> None:
+        self._entries, self._by_device = {}, {}
+        for uid, entry in entries.items():
+            self._set(uid, entry)
 
     async def _commit(self, undo: Callable[[], None], *, durable: bool = True) -> None:
         self._changes += 1

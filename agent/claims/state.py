@@ -520,7 +520,7 @@ class DeviceState:
         name = devices[index].device
         peers = [
             _share(ClaimRef(e.namespace, e.name, e.uid), d)
-            for e in self.store.entries().values()
+            for e in self.store.holders(name)
             if e.uid != ref.uid
             for d in e.devices
             if d.device == name
