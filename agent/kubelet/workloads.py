@@ -5,8 +5,8 @@ the start-up checkpoint load (the checkpoint survives restarts, so the series co
 A claim that is gone loses its series at once; a new claim gets its consumers from the kubelet's
 PodResources API (pod and container per device) or, where the kubelet does not report it (socket
 absent, older kubelet, container not started yet), from the claim's ``reservedFor`` (pod only).
-`run` re-resolves shortly after a change (`SETTLE_SECONDS`) and on an interval, so a pod's containers replace the pod-only
-series once they run.
+`run` re-resolves shortly after a change (`SETTLE_SECONDS`) and on an interval, so a pod's
+containers replace the pod-only series once they run.
 """
 
 from __future__ import annotations
