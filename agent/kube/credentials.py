@@ -14,7 +14,9 @@ generated classes (the tests, the emulator's tools) still gets them. ``client.Ap
 (imported by the kubeconfig loader, used only by ``new_client_from_config``) is, for that module
 alone, a stand-in that loads the real class when called. This relies on the layout of
 kubernetes-asyncio 31 to 36 (``config.kube_config`` and ``config.incluster_config`` import
-``Configuration``/``ApiClient`` from ``kubernetes_asyncio.client``); ``tests/kube/test_credentials.py``
+``Configuration``/``ApiClient`` from ``kubernetes_asyncio.client``, and ``config.kube_config``
+imports ``OpenIDRequestor`` from ``config.openid``, which imports aiohttp: it gets a stand-in too,
+so credentials load without aiohttp); ``tests/kube/test_credentials.py``
 checks it against the installed version (31.1.0, 33.3.0 and 36.1.0 were checked). Should a later
 release break it, the agent falls back to the full import: it still works, at the old cost.
 """
@@ -22,10 +24,12 @@ release break it, the agent falls back to the full import: it still works, at th
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import logging
 import os
 import sys
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -42,15 +46,17 @@ MAX_KUBECONFIG_BYTES = 16 * MIB
 """Far above a kubeconfig with many clusters and embedded certificates."""
 _ROOT = "kubernetes_asyncio"
 _CLIENT = f"{_ROOT}.client"
+_OPENID = f"{_ROOT}.config.openid"
 
 
-def _deferred_package(name: str, attribute: Any) -> ModuleType:
-    """A package module for `name` whose ``__init__`` runs only when `attribute` cannot answer."""
-    spec = importlib.util.find_spec(name)
+def _deferred_package(name: str, attribute: Any, spec: ModuleSpec | None = None) -> ModuleType:
+    """A package (or plain) module for `name` whose code runs only when `attribute` cannot answer."""
+    spec = spec or importlib.util.find_spec(name)
     if spec is None or spec.loader is None:
         raise ImportError(f"{name} is not installed")
     module = importlib.util.module_from_spec(spec)
     loader = spec.loader
+    package = spec.submodule_search_locations is not None
 
     def load(attr: str) -> Any:
         if not module.__dict__.get("__dra_agent_loaded__"):
@@ -65,7 +71,10 @@ def _deferred_package(name: str, attribute: Any) -> ModuleType:
         value = attribute(attr)
         if value is not None:
             return value
-        if not attr.startswith("__") and importlib.util.find_spec(f"{name}.{attr}") is not None:
+        if not package:
+            if attr == "__path__":  # the import system asking whether a plain module is a package
+                raise AttributeError(attr)
+        elif not attr.startswith("__") and importlib.util.find_spec(f"{name}.{attr}") is not None:
             return importlib.import_module(f"{name}.{attr}")  # a submodule: no need for __init__
         return load(attr)
 
@@ -94,9 +103,21 @@ def lazy_kubernetes_asyncio() -> None:
         # Only the kubeconfig loader gets the stand-in; others (subclasses) need the real class.
         return api_client_on_call if attr == "ApiClient" and loading_config else None
 
+    def requestor_on_call(*args: Any, **kwargs: Any) -> Any:
+        return openid.__dra_agent_load__("OpenIDRequestor")(*args, **kwargs)
+
     try:
         client = _deferred_package(_CLIENT, client_attribute)
         sys.modules[_CLIENT] = client
+        # The OpenID Connect refresher imports aiohttp (~0.11 s): only kubeconfigs with an oidc
+        # auth-provider call it. Found without importing ``config`` (its __init__ imports it).
+        config_spec = importlib.util.find_spec(f"{_ROOT}.config")
+        locations = config_spec.submodule_search_locations if config_spec is not None else None
+        openid_spec = importlib.machinery.PathFinder.find_spec(_OPENID, locations)
+        openid = _deferred_package(
+            _OPENID, lambda attr: requestor_on_call if attr == "OpenIDRequestor" else None, openid_spec
+        )
+        sys.modules[_OPENID] = openid
         importlib.import_module(f"{_ROOT}.config")
     except Exception as error:
         # A kubernetes-asyncio laid out differently: forget the partial import, pay for the full one.

@@ -32,7 +32,12 @@ out = {
     "auth": (await_(cfg.auth_settings())).get("BearerToken", {}).get("value"),
     "models_after_load": "kubernetes_asyncio.client.models" in sys.modules,
     "apis_after_load": "kubernetes_asyncio.client.api" in sys.modules,
+    "aiohttp_after_load": "aiohttp" in sys.modules,
 }
+# The OpenID Connect refresher (oidc auth-provider), loaded with aiohttp when the loader calls it.
+from kubernetes_asyncio.config import kube_config
+requestor = kube_config.OpenIDRequestor("id", "secret", "https://issuer.example", None)
+out["oidc_requestor"] = type(requestor).__module__ + "." + type(requestor).__name__
 # Everything else of the package still works, loaded on first use.
 import kubernetes_asyncio
 from kubernetes_asyncio import client, watch
@@ -80,6 +85,8 @@ def test_kubeconfig_loads_without_the_generated_classes(tmp_path: Path) -> None:
     assert out["host"] == "https://10.0.0.1:6443"
     assert out["auth"] == "Bearer t0ken"
     assert out["models_after_load"] is False and out["apis_after_load"] is False
+    assert out["aiohttp_after_load"] is False
+    assert out["oidc_requestor"] == "kubernetes_asyncio.config.openid.OpenIDRequestor"
     assert out["pod"] == "V1Pod" and out["api_client"] == "ApiClient" and out["watch"] == "Watch"
     assert out["same_configuration"] is True
     assert out["version"]
