@@ -61,7 +61,7 @@ credential loaders (~40 ms) are imported by `KubeClient.connect`, in a worker th
 PUBLISHER_MODULES = ("agent.kube.publisher", "agent.kube.published")
 METRICS_MODULE = "agent.observe.httpserver"
 METRICS_WAIT_SECONDS = 2.0
-"""How long the metrics server lets the API client's imports and connection go first."""
+"""How long the metrics server and the publisher let the API client and the claim states go first."""
 SOCKETS_WAIT_SECONDS = 5.0
 """How long the API client and the metrics server wait for the kubelet sockets (failing to serve)."""
 
@@ -150,6 +150,9 @@ class AgentParts:
         self.api = LateApi() if kube is not None or connect is not None else None
         self.serving = anyio.Event()
         """Set once the first kubelet plugin serves (or none will): the rest may start."""
+        self.claims_ready = anyio.Event()
+        """Set once every driver's claim state is loaded (or none will): prepares can be answered."""
+        self._loading = 0
         self.publishers: dict[str, SlicePublisher] = {}
         self.plugins: dict[str, KubeletPlugin] = {}
         self.states: dict[str, DeviceState] = {}
@@ -174,6 +177,17 @@ class AgentParts:
         await import_late(*API_MODULES)
         self._connected(await self.connect())
 
+    async def _after_claims(self) -> None:
+        """Until the API client is connected and the claim states are loaded (or `METRICS_WAIT_SECONDS`).
+
+        After a restart the kubelet's prepare waits for both; an import in a worker thread
+        meanwhile (the metrics server's aiohttp, the publisher) would take the interpreter from them.
+        """
+        with anyio.move_on_after(METRICS_WAIT_SECONDS):
+            if self.api is not None:
+                await self.api.wait()
+            await self.claims_ready.wait()
+
     async def _after_sockets(self) -> None:
         """Until the kubelet sockets serve; a plugin failing to start holds back nothing for long."""
         with anyio.move_on_after(SOCKETS_WAIT_SECONDS):
@@ -184,6 +198,9 @@ class AgentParts:
         parts = [Part("metrics-server", self._serve_metrics)]
         if not self.config.serve_kubelet or not agent.drivers:
             self.serving.set()
+            self.claims_ready.set()
+        else:
+            self._loading = len(agent.drivers)
         if self.config.serve_kubelet:
             self.workloads = WorkloadAttribution(
                 AllocationSeries(self.metrics),
@@ -269,6 +286,9 @@ class AgentParts:
             self.serving.set()
             await state.start()
             loaded.set()
+            self._loading -= 1
+            if self._loading <= 0:
+                self.claims_ready.set()
             await report_device_plugins(
                 driver,
                 device_plugins_dir(config.plugins_dir),
@@ -283,6 +303,7 @@ class AgentParts:
         kube, events = await self.api.wait()
         publisher = self.publishers.get(runtime.driver)
         if publisher is None:
+            await self._after_claims()
             await import_late(*PUBLISHER_MODULES)
             from agent.kube.publisher import SlicePublisher
 
@@ -358,12 +379,10 @@ class AgentParts:
             runtime.tracker.seed(taint.device, condition)
 
     async def _serve_metrics(self) -> None:
-        # After the kubelet sockets and the API client (a prepare waits for it), in a worker
-        # thread; the probes can wait that long.
+        # After the kubelet sockets, the API client and the claim states (a prepare waits for
+        # them), in a worker thread; the probes can wait that long.
         await self._after_sockets()
-        if self.api is not None:
-            with anyio.move_on_after(METRICS_WAIT_SECONDS):
-                await self.api.wait()
+        await self._after_claims()
         await import_late(METRICS_MODULE)
         from agent.observe.httpserver import MetricsServer
 
