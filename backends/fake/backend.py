@@ -301,7 +301,9 @@ class FakeBackend:
         if self._device_files is not None:
             path = devicefile.host_path(self._device_files, claim, device)
             try:
-                await anyio.to_thread.run_sync(devicefile.remove_device_file, path)
+                await anyio.to_thread.run_sync(
+                    devicefile.remove_device_file, self._device_files, claim, device
+                )
             except OSError as error:
                 raise BackendError(
                     f"fake backend {self._driver}: cannot remove the device file {path}: {error}: "

@@ -36,7 +36,16 @@ def container_path(driver: str, device: str) -> str:
 
 
 def host_path(root: Path, claim: ClaimRef, device: str) -> Path:
-    """Where the agent writes the description of `device` for `claim` (``root`` is per driver)."""
+    """Where the agent writes the description of `device` for `claim` (``root`` is per driver).
+
+    One flat directory: a directory per claim cost a mkdir and an rmdir per claim on the node's
+    disk (~0.3 ms of a prepare, and contended in a burst).
+    """
+    return root / f"{claim.uid}-{device}.json"
+
+
+def _legacy_host_path(root: Path, claim: ClaimRef, device: str) -> Path:
+    """Where earlier agents wrote it (a directory per claim): claims they prepared are removed from there."""
     return root / claim.uid / f"{device}.json"
 
 
@@ -74,17 +83,28 @@ def describe(device: Device, vendor: str, claim: ClaimRef) -> dict[str, Any]:
 
 
 def write_device_file(path: Path, document: dict[str, Any]) -> None:
-    """Write `document` at `path` atomically, readable by any container user (blocking)."""
+    """Write `document` at `path`, readable by any container user (blocking).
+
+    Written in place, not renamed over: the container mounts it only once the prepare is done,
+    and a prepare done again writes the same content.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    # Compact: an indent switches json to its pure-Python encoder (~0.1 ms per device file).
-    temp.write_text(json.dumps(document, separators=(",", ":")) + "\n")
-    temp.chmod(0o644)
-    os.replace(temp, path)
+    # Compact: an indent switches json to its pure-Python encoder.
+    data = (json.dumps(document, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.fchmod(fd, 0o644)  # whatever the agent's umask
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
-def remove_device_file(path: Path) -> None:
-    """Remove the file and its claim directory once empty (blocking; missing is fine)."""
-    path.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):  # other devices of the claim remain, or it is gone already
-        path.parent.rmdir()
+def remove_device_file(root: Path, claim: ClaimRef, device: str) -> None:
+    """Remove the file (and, where an older agent wrote it, its claim directory); missing is fine."""
+    host_path(root, claim, device).unlink(missing_ok=True)
+    legacy = _legacy_host_path(root, claim, device)
+    legacy.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # other devices of the claim remain, or it never existed
+        legacy.parent.rmdir()

@@ -30,7 +30,7 @@ async def test_nvidia_gpu_and_mig_get_environment_and_a_device_file(tmp_path: Pa
     assert edits.env["FAKE_VISIBLE_DEVICES"] == "gpu-3"
     assert edits.env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
     assert edits.list_env == {"FAKE_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"}
-    path = tmp_path / "gpu.nvidia.com" / "uid-a" / "gpu-3.json"
+    path = tmp_path / "gpu.nvidia.com" / "uid-a-gpu-3.json"
     assert edits.mounts == (Mount(str(path), "/run/dra-fake/gpu.nvidia.com/gpu-3.json", RO),)
     described = json.loads(path.read_text())
     assert described["device"] == "gpu-3" and described["driver"] == "gpu.nvidia.com"
@@ -42,14 +42,26 @@ async def test_nvidia_gpu_and_mig_get_environment_and_a_device_file(tmp_path: Pa
     mig = await backend.prepare("gpu-7-mig-1g10gb-19-2", CLAIM)
     assert mig.device_nodes == () and mig.env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
     mig_described = json.loads(
-        (tmp_path / "gpu.nvidia.com" / "uid-a" / "gpu-7-mig-1g10gb-19-2.json").read_text()
+        (tmp_path / "gpu.nvidia.com" / "uid-a-gpu-7-mig-1g10gb-19-2.json").read_text()
     )
     assert any(n.startswith("/dev/nvidia-caps/") for n in mig_described["realDeviceNodes"])
     await backend.unprepare("gpu-3", CLAIM)
     await backend.unprepare("gpu-3", CLAIM)  # idempotent
     assert not path.exists() and ("uid-a", "gpu-3") not in backend.prepared
     await backend.unprepare("gpu-7-mig-1g10gb-19-2", CLAIM)
-    assert not (tmp_path / "gpu.nvidia.com" / "uid-a").exists()  # the claim's directory goes too
+    assert list((tmp_path / "gpu.nvidia.com").iterdir()) == []
+
+
+async def test_files_an_older_agent_wrote_in_a_directory_per_claim_are_removed(tmp_path: Path) -> None:
+    (backend,), _ = make_backends("nvidia-a100-8x", device_files=str(tmp_path))
+    legacy = tmp_path / "gpu.nvidia.com" / "uid-a"
+    legacy.mkdir(parents=True)
+    (legacy / "gpu-3.json").write_text("{}")
+    (legacy / "gpu-4.json").write_text("{}")
+    await backend.unprepare("gpu-3", CLAIM)  # prepared before the upgrade: the agent has no record of it
+    assert [p.name for p in legacy.iterdir()] == ["gpu-4.json"]
+    await backend.unprepare("gpu-4", CLAIM)
+    assert not legacy.exists()
 
 
 async def test_amd_partition_describes_its_nodes_without_injecting_them(tmp_path: Path) -> None:
@@ -57,7 +69,7 @@ async def test_amd_partition_describes_its_nodes_without_injecting_them(tmp_path
     edits = await backend.prepare("gpu-9-136", CLAIM)
     assert edits.device_nodes == ()
     assert dict(edits.env) == {"FAKE_VISIBLE_DEVICES": "gpu-9-136"}
-    described = json.loads((tmp_path / "gpu.amd.com" / "uid-a" / "gpu-9-136.json").read_text())
+    described = json.loads((tmp_path / "gpu.amd.com" / "uid-a-gpu-9-136.json").read_text())
     assert described["realDeviceNodes"] == ["/dev/kfd", "/dev/dri/renderD136", "/dev/dri/card9"]
 
 
@@ -87,7 +99,7 @@ async def test_files_go_under_the_agents_state_dir_by_default(tmp_path: Path) ->
         device = (await backend.discover())[0].name
         edits = await backend.prepare(device, CLAIM)
         assert edits.mounts[0].host_path == str(
-            tmp_path / "fake-devices" / backend.driver_name / "uid-a" / f"{device}.json"
+            tmp_path / "fake-devices" / backend.driver_name / f"uid-a-{device}.json"
         )
     # No state directory (a library user) or device_files=off: the environment only.
     for settings, state_dir in (({}, None), ({"device_files": "off"}, tmp_path)):
