@@ -41,9 +41,7 @@ async def test_nvidia_gpu_and_mig_get_environment_and_a_device_file(tmp_path: Pa
     assert path.stat().st_mode & 0o777 == 0o644
     mig = await backend.prepare("gpu-7-mig-1g10gb-19-2", CLAIM)
     assert mig.device_nodes == () and mig.env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
-    mig_described = json.loads(
-        (tmp_path / "gpu.nvidia.com" / "uid-a-gpu-7-mig-1g10gb-19-2.json").read_text()
-    )
+    mig_described = json.loads((tmp_path / "gpu.nvidia.com" / "uid-a-gpu-7-mig-1g10gb-19-2.json").read_text())
     assert any(n.startswith("/dev/nvidia-caps/") for n in mig_described["realDeviceNodes"])
     await backend.unprepare("gpu-3", CLAIM)
     await backend.unprepare("gpu-3", CLAIM)  # idempotent
