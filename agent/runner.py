@@ -57,6 +57,8 @@ PUBLISH_LOCK_POLL_SECONDS = 0.1
 API_MODULES = ("agent.kube.client", "agent.kube.events")
 """What a claim read needs (aiohttp among them, ~0.15 s): imported after the kubelet sockets serve."""
 PUBLISHER_MODULES = ("agent.kube.publisher", "agent.kube.published")
+PRINTER_MODULES = ("yaml", "agent.kube.capabilities", "agent.kube.client", "agent.kube.pool")
+"""What the ``--kube none`` slice printer needs (aiohttp among them): imported once the sockets serve."""
 METRICS_MODULE = "agent.observe.httpserver"
 METRICS_WAIT_SECONDS = 2.0
 """How long the metrics server lets the API client's imports and connection go first."""
@@ -376,6 +378,8 @@ class AgentParts:
 
     async def _print_slices(self, agent: Agent) -> None:
         """With ``--kube none``: print the slices the agent would publish, on every change."""
+        await self._after_sockets()
+        await import_late(*PRINTER_MODULES)
         async with anyio.create_task_group() as tg:
             for runtime in agent.drivers.values():
                 tg.start_soon(self._print_pool, runtime)

@@ -22,6 +22,7 @@ Prepare fault injection (backend settings, all optional):
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import math
 import random
@@ -31,6 +32,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -51,10 +53,10 @@ from agent.core.model import Device, Severity
 from agent.core.sharing import ConsumableShares, DeviceShare, merge_edits
 from backends.amd.sharingconfig import check_shares
 from backends.fake import devicefile
-from backends.fake.dynamicmig import FakeDynamicMig
-from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
-from backends.nvidia.mps import MpsDaemons, NoMounter
-from backends.nvidia.sharing import DeviceFacts, NvSharingManager, facts_of
+
+if TYPE_CHECKING:
+    from backends.fake.dynamicmig import FakeDynamicMig
+    from backends.nvidia.sharing import DeviceFacts, NvSharingManager
 
 log = logging.getLogger("agent.fake")
 
@@ -141,6 +143,11 @@ class FakeBackend:
         self.sharing: NvSharingManager | None = None
         """NVIDIA profiles: time-slicing and MPS through the fakes of `backends.fake.sharing`."""
         if vendor == "nvidia" and sharing_root is not None:
+            # Imported when used (NVIDIA profiles only): ~17 ms at start.
+            from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
+            from backends.nvidia.mps import MpsDaemons, NoMounter
+            from backends.nvidia.sharing import NvSharingManager
+
             self.sharing = NvSharingManager(
                 self._facts,
                 FakeGpuPolicy(sharing_root),
@@ -247,6 +254,8 @@ class FakeBackend:
             self._wake.set()
 
     def _facts(self, name: str) -> DeviceFacts:
+        from backends.nvidia.sharing import facts_of  # imported with the sharing manager that calls this
+
         found = self._devices.get(name)
         if found is None:
             raise DeviceNotFoundError(self._driver, name)
@@ -537,10 +546,12 @@ class FaultInjector:
 
     async def serve_control(self) -> None:
         """Serve the control socket while this task runs; one server per injector (others wait)."""
-        from backends.fake.control import serve_control
-
         if not self.control_path:
             await anyio.sleep_forever()
+        # Imported in a worker thread: the event loop goes on starting the kubelet sockets (~7 ms).
+        await anyio.to_thread.run_sync(importlib.import_module, "backends.fake.control")
+        from backends.fake.control import serve_control
+
         while True:
             if self._serving and self._serving_done is not None:
                 await self._serving_done.wait()
