@@ -35,7 +35,7 @@ LATE = (
     "backends.fake.migtables",
     "backends.nvidia.migprofiles",
     "backends.nvidia.discovery",
-    # NVIDIA time-slicing and MPS: NVIDIA profiles only.
+    # NVIDIA time-slicing and MPS: NVIDIA profiles only, at the first share or the resume at start.
     "backends.fake.sharing",
     "backends.nvidia.sharing",
     "backends.nvidia.mps",
@@ -52,7 +52,12 @@ from pathlib import Path
 from agent.core.backend import BackendOptions
 from backends.fake import create_backend
 settings = dict(profile=sys.argv[1], control="off", **dict(a.split("=", 1) for a in sys.argv[2:]))
-create_backend(BackendOptions("node-1", None, settings, Path(tempfile.mkdtemp())))
+backends = create_backend(BackendOptions("node-1", None, settings, Path(tempfile.mkdtemp())))
+"""
+RESUME = """
+import anyio
+for backend in backends:
+    anyio.run(backend.resume_shares, [])
 """
 
 
@@ -71,20 +76,23 @@ def test_the_start_up_imports_leave_out_what_serves_after_the_sockets_or_other_p
     assert sorted(name for name in LATE if name in loaded) == []
 
 
-def test_an_nvidia_profile_imports_nvidia_sharing_and_no_amd_backend_nor_dynamic_mig() -> None:
-    loaded = imported_after(CREATE, "nvidia-a100-8x")
-    assert {"backends.nvidia.sharing", "backends.nvidia.mps", "backends.fake.sharing"} <= loaded
+NV_SHARING = {"backends.nvidia.sharing", "backends.nvidia.mps", "backends.fake.sharing"}
+
+
+def test_an_nvidia_profile_imports_nvidia_sharing_at_the_resume_and_no_amd_backend_nor_dynamic_mig() -> None:
+    created = imported_after(CREATE, "nvidia-a100-8x")
     unused = {"backends.amd.backend", "backends.fake.dynamicmig", "backends.nvidia.migprofiles"}
-    assert sorted(unused & loaded) == []
+    assert sorted((unused | NV_SHARING) & created) == []
+    resumed = imported_after(CREATE + RESUME, "nvidia-a100-8x")
+    assert resumed >= NV_SHARING
+    assert sorted(unused & resumed) == []
 
 
 @pytest.mark.parametrize("profile", ["amd-mi300x-8x", "amd-mi300x-8x-cpx"])
 def test_an_amd_profile_imports_no_nvidia_sharing(profile: str) -> None:
-    loaded = imported_after(CREATE, profile)
+    loaded = imported_after(CREATE + RESUME, profile)
     assert "backends.amd.sharingconfig" in loaded
-    unused = {"backends.nvidia.sharing", "backends.nvidia.mps", "backends.fake.sharing"}
-    unused.add("backends.amd.backend")
-    assert sorted(unused & loaded) == []
+    assert sorted((NV_SHARING | {"backends.amd.backend"}) & loaded) == []
 
 
 def test_dynamic_mig_imports_the_mig_tables_when_asked() -> None:
