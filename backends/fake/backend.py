@@ -311,8 +311,9 @@ class FakeBackend:
     async def _nv_sharing(self) -> NvSharingManager | None:
         """The NVIDIA sharing manager (None for other vendors), set up at its first use."""
         if self.sharing is None and self._sharing_root is not None:
-            # Imported in a worker thread once the kubelet sockets serve: ~14 ms at start otherwise.
-            await anyio.to_thread.run_sync(importlib.import_module, "backends.fake.sharing")
+            # Imported in a worker thread once the kubelet sockets serve: ~17 ms at start otherwise.
+            for name in ("backends.nvidia.sharing", "backends.fake.sharing"):
+                await anyio.to_thread.run_sync(importlib.import_module, name)
             from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
             from backends.nvidia.mps import MpsDaemons, NoMounter
             from backends.nvidia.sharing import NvSharingManager
