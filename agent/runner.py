@@ -8,7 +8,8 @@ Start order: after a restart the kubelet waits for our sockets, so they serve be
 they do not need is imported or built. The API client (aiohttp, credentials), the publisher and
 the metrics server are imported in a worker thread once the first kubelet plugin serves (an
 import on the event loop would hold up `GetInfo`); a prepare that arrives before the client is
-connected waits for it (`LateApi`).
+connected waits for it (`LateApi`). The publisher and the metrics server are imported once the
+plugins answer prepares (their imports would slow the kubelet's prepare retried after a crash).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ PRINTER_MODULES = ("yaml", "agent.kube.capabilities", "agent.kube.client", "agen
 """What the ``--kube none`` slice printer needs (aiohttp among them): imported once the sockets serve."""
 METRICS_MODULE = "agent.observe.httpserver"
 METRICS_WAIT_SECONDS = 2.0
-"""How long the metrics server lets the API client's imports and connection go first."""
+"""How long the metrics server lets the API client (imports, connection) and the plugins' start go first."""
+PREPARES_WAIT_SECONDS = 2.0
+"""How long the publisher's imports let the plugins' start (checkpoint, start-up reconcile) go first."""
 SOCKETS_WAIT_SECONDS = 5.0
 """How long the API client and the metrics server wait for the kubelet sockets (failing to serve)."""
 
@@ -150,6 +153,9 @@ class AgentParts:
         self.api = LateApi() if kube is not None or connect is not None else None
         self.serving = anyio.Event()
         """Set once the first kubelet plugin serves (or none will): the rest may start."""
+        self.answering = anyio.Event()
+        """Set once every kubelet plugin answers prepares (checkpoint loaded), or none will."""
+        self._loading: set[str] = set()
         self.publishers: dict[str, SlicePublisher] = {}
         self.plugins: dict[str, KubeletPlugin] = {}
         self.states: dict[str, DeviceState] = {}
@@ -179,11 +185,19 @@ class AgentParts:
         with anyio.move_on_after(SOCKETS_WAIT_SECONDS):
             await self.serving.wait()
 
+    async def _after_prepares(self) -> None:
+        """Until the kubelet plugins answer prepares; a slow start-up reconcile holds back little."""
+        with anyio.move_on_after(PREPARES_WAIT_SECONDS):
+            await self.answering.wait()
+
     def __call__(self, agent: Agent) -> Sequence[Part]:
         self._liveness = agent.failures.health
         parts = [Part("metrics-server", self._serve_metrics)]
         if not self.config.serve_kubelet or not agent.drivers:
             self.serving.set()
+            self.answering.set()
+        else:
+            self._loading = set(agent.drivers)
         if self.config.serve_kubelet:
             self.workloads = WorkloadAttribution(
                 AllocationSeries(self.metrics),
@@ -269,6 +283,9 @@ class AgentParts:
             self.serving.set()
             await state.start()
             loaded.set()
+            self._loading.discard(driver)
+            if not self._loading:
+                self.answering.set()
             await report_device_plugins(
                 driver,
                 device_plugins_dir(config.plugins_dir),
@@ -283,6 +300,7 @@ class AgentParts:
         kube, events = await self.api.wait()
         publisher = self.publishers.get(runtime.driver)
         if publisher is None:
+            await self._after_prepares()
             await import_late(*PUBLISHER_MODULES)
             from agent.kube.publisher import SlicePublisher
 
@@ -358,12 +376,13 @@ class AgentParts:
             runtime.tracker.seed(taint.device, condition)
 
     async def _serve_metrics(self) -> None:
-        # After the kubelet sockets and the API client (a prepare waits for it), in a worker
-        # thread; the probes can wait that long.
+        # After the kubelet sockets, the API client (a prepare waits for it) and the plugins'
+        # start, in a worker thread; the probes can wait that long.
         await self._after_sockets()
-        if self.api is not None:
-            with anyio.move_on_after(METRICS_WAIT_SECONDS):
+        with anyio.move_on_after(METRICS_WAIT_SECONDS):
+            if self.api is not None:
                 await self.api.wait()
+            await self.answering.wait()
         await import_late(METRICS_MODULE)
         from agent.observe.httpserver import MetricsServer
 
