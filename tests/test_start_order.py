@@ -216,7 +216,7 @@ async def test_the_publisher_and_metrics_server_are_imported_once_the_plugin_ans
             assert (await prepare(dra_socket, "train", uid)).claims[uid].error == ""
 
         monkeypatch.setattr(runner, "import_late", recording_import_late)
-        monkeypatch.setattr(runner, "PREPARES_WAIT_SECONDS", 60.0, raising=False)
+        monkeypatch.setattr(runner, "METRICS_WAIT_SECONDS", 60.0)  # the bound of that wait
         emu.faults.slow["resourceclaims"] = 1.0  # the start-up reconcile's read of the claim
         async with agent_running(config) as parts:
             await wait_for(registration)

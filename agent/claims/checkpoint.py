@@ -15,12 +15,13 @@ one thread hop for both, and the spec is on disk before any checkpoint names the
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,17 +128,48 @@ def _checksum(boot_id: str, entries: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def encode(data: CheckpointData) -> bytes:
-    """The file content for `data`."""
-    entries = {uid: entry_json(e) for uid, e in sorted(data.entries.items())}
-    doc = {
-        "version": FORMAT_VERSION,
-        "bootID": data.boot_id,
-        "checksum": _checksum(data.boot_id, entries),
-        "entries": entries,
-    }
-    # Compact: the C encoder (an indent would switch to the slow pure-Python one); read it with jq.
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+class EntryTexts:
+    """The canonical JSON text of each entry, kept while its (immutable) entry object stays.
+
+    Every write encodes all entries; in a burst of 100 prepares that is ~15 writes of up to 100
+    entries, 0.8 ms each on the worker thread (holding the interpreter). Only the entries that
+    changed are encoded again. Used by one write at a time (the store's write lock).
+    """
+
+    def __init__(self) -> None:
+        self._texts: dict[str, tuple[ClaimEntry, str]] = {}
+
+    def text(self, uid: str, entry: ClaimEntry) -> str:
+        cached = self._texts.get(uid)
+        if cached is not None and cached[0] is entry:
+            return cached[1]
+        text = _canonical(entry_json(entry))
+        self._texts[uid] = (entry, text)
+        return text
+
+    def keep_only(self, uids: Collection[str]) -> None:
+        for uid in [u for u in self._texts if u not in uids]:
+            del self._texts[uid]
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def encode(data: CheckpointData, texts: EntryTexts | None = None) -> bytes:
+    """The file content for `data`: compact JSON with sorted keys, checksum over boot ID and entries.
+
+    Built from the entries' canonical texts, byte for byte what ``json.dumps(doc, sort_keys=True,
+    separators=(",", ":"))`` of the whole document gives (a test holds it to that); read it with jq.
+    """
+    texts = texts or EntryTexts()
+    pairs = (f"{_canonical(uid)}:{texts.text(uid, e)}" for uid, e in sorted(data.entries.items()))
+    entries = "{" + ",".join(pairs) + "}"
+    texts.keep_only(data.entries.keys())
+    boot = _canonical(data.boot_id)
+    checksum = "sha256:" + hashlib.sha256(f'{{"bootID":{boot},"entries":{entries}}}'.encode()).hexdigest()
+    doc = f'{{"bootID":{boot},"checksum":"{checksum}","entries":{entries},"version":{FORMAT_VERSION}}}'
+    return doc.encode() + b"\n"
 
 
 def _strs(value: object) -> tuple[str, ...]:
@@ -331,6 +363,8 @@ def _write_group(
     actions: tuple[list[_Action], list[_Action]],
     durable: bool,
     unpin: int | None,
+    *,
+    texts: EntryTexts,
 ) -> tuple[int | None, FileIdentity | None]:
     """Run the befores of a group, write `data` less the changes whose before failed, run the afters."""
     befores, afters = actions
@@ -342,7 +376,7 @@ def _write_group(
                 entries.pop(before.uid, None)
             else:
                 entries[before.uid] = before.previous
-    written = _write_file(path, encode(CheckpointData(data.boot_id, entries)), durable, unpin)
+    written = _write_file(path, encode(CheckpointData(data.boot_id, entries), texts), durable, unpin)
     for after in afters:
         after.run()
     return written
@@ -360,7 +394,10 @@ class CheckpointStore:
         self.path = path
         self.boot_id = boot_id
         self._entries: dict[str, ClaimEntry] = {}
-        self._write_lock = anyio.Lock()
+        self._texts = EntryTexts()
+        self._by_device: dict[str, dict[str, None]] = {}
+        """Device name -> UIDs of the entries naming it: a share's peers without a scan of all entries."""
+        self._write_lock = anyio.Lock(fast_acquire=True)  # no loop trip when uncontended
         self._changes = 0
         self._written = 0
         self._synced = 0
@@ -371,7 +408,7 @@ class CheckpointStore:
 
     def load(self, entries: Mapping[str, ClaimEntry]) -> None:
         """Replace the in-memory entries (at start, or after reading the file another agent wrote)."""
-        self._entries = dict(entries)
+        self._replace_all(entries)
         self._identity = None
 
     def is_current(self) -> bool:
@@ -395,7 +432,7 @@ class CheckpointStore:
         unpin, self._pinned, self._identity = self._pinned, None, None
         outcome, pinned, identity = await anyio.to_thread.run_sync(_read_file, self.path, now, unpin)
         if outcome.problem is None:
-            self._entries = dict(outcome.data.entries) if outcome.data is not None else {}
+            self._replace_all(outcome.data.entries if outcome.data is not None else {})
             self._pinned, self._identity = pinned, identity
         elif pinned is not None:
             os.close(pinned)
@@ -416,6 +453,10 @@ class CheckpointStore:
         """A copy of all entries."""
         return dict(self._entries)
 
+    def holders(self, device: str) -> list[ClaimEntry]:
+        """The entries that name `device`."""
+        return [self._entries[uid] for uid in self._by_device.get(device, ())]
+
     async def put(
         self, entry: ClaimEntry, *, durable: bool = True, before: Callable[[], None] | None = None
     ) -> None:
@@ -430,7 +471,7 @@ class CheckpointStore:
         tmpfs, device preparation); a killed agent still finds the entry.
         """
         previous = self._entries.get(entry.uid)
-        self._entries[entry.uid] = entry
+        self._set(entry.uid, entry)
         if before is None:
             await self._commit(lambda: self._restore(entry.uid, previous), durable=durable)
             return
@@ -457,7 +498,8 @@ class CheckpointStore:
         """
         if uid not in self._entries:
             return
-        previous = self._entries.pop(uid)
+        previous = self._entries[uid]
+        self._set(uid, None)
         if after is None:
             await self._commit(lambda: self._restore(uid, previous))
             return
@@ -476,10 +518,29 @@ class CheckpointStore:
         await self._commit(lambda: None)
 
     def _restore(self, uid: str, previous: ClaimEntry | None) -> None:
-        if previous is None:
+        self._set(uid, previous)
+
+    def _set(self, uid: str, entry: ClaimEntry | None) -> None:
+        """Add, replace (`entry`) or drop (None) the entry of `uid`, keeping the device index."""
+        old = self._entries.get(uid)
+        if old is not None:
+            for device in old.devices:
+                uids = self._by_device.get(device.device)
+                if uids is not None:
+                    uids.pop(uid, None)
+                    if not uids:
+                        del self._by_device[device.device]
+        if entry is None:
             self._entries.pop(uid, None)
-        else:
-            self._entries[uid] = previous
+            return
+        self._entries[uid] = entry
+        for device in entry.devices:
+            self._by_device.setdefault(device.device, {})[uid] = None
+
+    def _replace_all(self, entries: Mapping[str, ClaimEntry]) -> None:
+        self._entries, self._by_device = {}, {}
+        for uid, entry in entries.items():
+            self._set(uid, entry)
 
     async def _commit(self, undo: Callable[[], None], *, durable: bool = True) -> None:
         self._changes += 1
@@ -497,7 +558,7 @@ class CheckpointStore:
                 unpin, self._pinned, self._identity = self._pinned, None, None
                 try:
                     self._pinned, self._identity = await anyio.to_thread.run_sync(
-                        _write_group,
+                        functools.partial(_write_group, texts=self._texts),
                         self.path,
                         CheckpointData(self.boot_id, dict(self._entries)),
                         (befores, afters),

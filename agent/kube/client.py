@@ -3,9 +3,10 @@
 Requests and answers are plain JSON dicts: the resource.k8s.io shapes differ between v1, v1beta2
 and v1beta1 and typed models would only add churn (and ~700 classes of memory). kubernetes-asyncio
 provides the ``Configuration`` (server, TLS files, token and its refresh, see
-`agent.kube.credentials`); the HTTP transport is our own aiohttp session: one keep-alive
-connection pool for every call, at most `REQUEST_CONCURRENCY` requests in flight (so at most that
-many connections besides one per open watch), no per-request environment or netrc lookups.
+`agent.kube.credentials`); the HTTP transport is our own HTTP/1.1 client over anyio streams
+(`agent.kube.transport`; aiohttp cost ~110 ms to import, on the way to the first claim read after
+a restart): one keep-alive connection pool for every call, at most `REQUEST_CONCURRENCY` requests
+in flight (so at most that many connections besides one per open watch), the proxy resolved once.
 Every request has a timeout; every failure becomes `agent.core.errors.KubeApiError` with the
 HTTP status (0 when the API server did not answer).
 """
@@ -15,20 +16,21 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import ssl
-import urllib.request
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import anyio
 
+from agent import __version__
 from agent.core.errors import KubeApiError
 from agent.core.logs import log_fields
 from agent.health.taints import ClusterTaintSupport
 from agent.kube.credentials import load_credentials
+from agent.kube.transport import HttpClient, HttpError
 
 log = logging.getLogger("agent.kube.client")
 
@@ -136,28 +138,23 @@ class KubeClient:
         self._cfg = cfg
         self._timeout = request_timeout
         self._info: ServerInfo | None = None
-        self._base = str(cfg.host).rstrip("/")
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=CONNECTION_LIMIT,
-                keepalive_timeout=KEEPALIVE_SECONDS,
+        base = str(cfg.host).rstrip("/")
+        try:
+            self._http = HttpClient(
+                base,
                 # Loading the system CA store costs ~0.1 s: only for HTTPS (in-cluster names its CA file).
-                ssl=_ssl_context(cfg) if self._base.startswith("https:") else False,
-            ),
-            # Watch events with large objects exceed aiohttp's default read buffer (as in kubernetes-asyncio).
-            read_bufsize=2**21,
-            # The proxy and the credentials are resolved once (below), not per request.
-            trust_env=False,
-        )
-        self._requests = anyio.Semaphore(request_concurrency)
-        self._options: dict[str, Any] = {}
-        proxy = cfg.proxy or _environment_proxy(self._base)
-        if proxy:
-            self._options["proxy"] = proxy
-            if cfg.proxy_headers:
-                self._options["proxy_headers"] = cfg.proxy_headers
-        if cfg.tls_server_name:
-            self._options["server_hostname"] = cfg.tls_server_name
+                ssl_context=_ssl_context(cfg) if base.startswith("https:") else None,
+                server_name=cfg.tls_server_name or None,
+                # The proxy is resolved once (here), not per request.
+                proxy=cfg.proxy or _environment_proxy(base),
+                proxy_headers=cfg.proxy_headers or None,
+                limit=CONNECTION_LIMIT,
+                keepalive=KEEPALIVE_SECONDS,
+                user_agent=f"dra-agent/{__version__}",
+            )
+        except ValueError as error:
+            raise KubeApiError(f"cannot use the API server {base}: {error}") from error
+        self._requests = anyio.Semaphore(request_concurrency, fast_acquire=True)
 
     # ----- construction -------------------------------------------------------------------
 
@@ -181,8 +178,8 @@ class KubeClient:
         return cls(cfg, request_timeout=request_timeout)
 
     async def close(self) -> None:
-        """Close the HTTP session and its connections."""
-        await self._session.close()
+        """Close the HTTP connections."""
+        await self._http.aclose()
 
     # ----- low level ----------------------------------------------------------------------
 
@@ -196,30 +193,6 @@ class KubeClient:
             if setting.get("in") == "header" and setting.get("value"):
                 headers[str(setting["key"])] = str(setting["value"])
         return headers
-
-    async def _open(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: Any = None,
-        timeout: aiohttp.ClientTimeout | None = None,  # noqa: ASYNC109 - aiohttp's per-request timeout
-    ) -> aiohttp.ClientResponse:
-        try:
-            return await self._session.request(
-                method,
-                self._base + path,
-                params=list(query) or None,
-                data=json.dumps(body) if body is not None else None,
-                headers=await self._headers(),
-                timeout=timeout or aiohttp.ClientTimeout(total=self._timeout),
-                **self._options,
-            )
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            raise KubeApiError(
-                f"{method} {path}: API server unreachable: {type(error).__name__}: {error}"
-            ) from error
 
     async def request(
         self,
@@ -236,24 +209,25 @@ class KubeClient:
     async def _request(
         self, method: str, path: str, *, query: Sequence[tuple[str, str]], body: Any
     ) -> dict[str, Any]:
-        response = await self._open(method, path, query=query, body=body)
         try:
-            try:
-                raw = await response.read()
-            except (aiohttp.ClientError, TimeoutError, OSError) as error:
-                raise KubeApiError(
-                    f"{method} {path}: API server connection lost: {type(error).__name__}: {error}"
-                ) from error
-            data: Any
-            try:
-                data = json.loads(raw) if raw else {}
-            except ValueError:
-                data = {"message": raw[:200].decode("utf-8", "replace")}
-            if not 200 <= response.status <= 299:
-                raise _api_error(method, path, response.status, data)
-            return data if isinstance(data, dict) else {"items": data}
-        finally:
-            response.release()
+            answer = await self._http.request(
+                method,
+                path,
+                query=query,
+                headers=await self._headers(),
+                body=json.dumps(body).encode() if body is not None else None,
+                timeout=self._timeout,
+            )
+        except HttpError as error:
+            raise KubeApiError(f"{method} {path}: API server {error}") from error
+        data: Any
+        try:
+            data = json.loads(answer.body) if answer.body else {}
+        except ValueError:
+            data = {"message": answer.body[:200].decode("utf-8", "replace")}
+        if not 200 <= answer.status <= 299:
+            raise _api_error(method, path, answer.status, data)
+        return data if isinstance(data, dict) else {"items": data}
 
     # ----- discovery ----------------------------------------------------------------------
 
@@ -358,33 +332,35 @@ class KubeClient:
             ("timeoutSeconds", str(timeout_seconds)),
         ]
         path = self._slices_path()
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self._timeout, sock_read=timeout_seconds + 30
-        )
-        response = await self._open("GET", path, query=query, timeout=timeout)
         try:
-            if not 200 <= response.status <= 299:
+            async with self._http.stream(
+                "GET",
+                path,
+                query=query,
+                headers=await self._headers(),
+                connect_timeout=self._timeout,
+                read_timeout=timeout_seconds + 30,
+            ) as response:
+                if not 200 <= response.status <= 299:
+                    try:
+                        data = json.loads(await response.read() or b"{}")
+                    except (ValueError, HttpError):
+                        data = {}
+                    raise _api_error("WATCH", path, response.status, data)
+                buffer = b""
                 try:
-                    data = json.loads(await response.read() or b"{}")
-                except (ValueError, aiohttp.ClientError, TimeoutError, OSError):
-                    data = {}
-                raise _api_error("WATCH", path, response.status, data)
-            buffer = b""
-            try:
-                async for chunk in response.content.iter_any():
-                    buffer += chunk
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
-                        if line.strip():
-                            yield _watch_event(path, line)
-            except (aiohttp.ClientError, TimeoutError, OSError) as error:
-                raise KubeApiError(
-                    f"WATCH {path}: connection lost: {type(error).__name__}: {error}"
-                ) from error
-            if buffer.strip():
-                yield _watch_event(path, buffer)
-        finally:
-            response.release()
+                    while (chunk := await response.next_part()) is not None:
+                        buffer += chunk
+                        while b"\n" in buffer:
+                            line, buffer = buffer.split(b"\n", 1)
+                            if line.strip():
+                                yield _watch_event(path, line)
+                except HttpError as error:
+                    raise KubeApiError(f"WATCH {path}: {error}") from error
+                if buffer.strip():
+                    yield _watch_event(path, buffer)
+        except HttpError as error:
+            raise KubeApiError(f"GET {path}: API server {error}") from error
 
     async def create_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request("POST", self._slices_path(), body=dict(body))
@@ -439,6 +415,10 @@ def _ssl_context(cfg: Any) -> ssl.SSLContext:
 
 def _environment_proxy(url: str) -> str | None:
     """The proxy ``HTTPS_PROXY``/``HTTP_PROXY`` name for `url`, unless ``NO_PROXY`` exempts it."""
+    if not any(name.lower().endswith("_proxy") and value for name, value in os.environ.items()):
+        return None  # the common case, without importing urllib.request (~15 ms)
+    import urllib.request
+
     scheme, _, rest = url.partition("://")
     host = rest.split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
     if urllib.request.proxy_bypass(host):

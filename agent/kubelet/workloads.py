@@ -5,8 +5,8 @@ the start-up checkpoint load (the checkpoint survives restarts, so the series co
 A claim that is gone loses its series at once; a new claim gets its consumers from the kubelet's
 PodResources API (pod and container per device) or, where the kubelet does not report it (socket
 absent, older kubelet, container not started yet), from the claim's ``reservedFor`` (pod only).
-`run` re-resolves on every change and on an interval, so a pod's containers replace the pod-only
-series once they run.
+`run` re-resolves shortly after a change (`SETTLE_SECONDS`) and on an interval, so a pod's
+containers replace the pod-only series once they run.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ from agent.observe.allocations import Allocation, AllocationSeries
 log = logging.getLogger("agent.kubelet.workloads")
 
 REFRESH_SECONDS = 10.0
+SETTLE_SECONDS = 0.2
+"""After a change, how long `run` waits for more before it refreshes: a refresh (a PodResources
+call, the series rebuilt) between a prepare's steps delayed the kubelet's answer (~0.25 ms per
+call); a burst of prepares now costs one refresh."""
 Consumer = tuple[str, str, str]
 """(namespace, pod, container); container is empty when only the pod is known."""
 
@@ -50,6 +54,7 @@ class WorkloadAttribution:
         claims: ClaimSource | None,
         pod_resources: DeviceLister | None,
         refresh_seconds: float = REFRESH_SECONDS,
+        settle_seconds: float = SETTLE_SECONDS,
     ) -> None:
         self.series = series
         self.node_name = node_name
@@ -57,6 +62,7 @@ class WorkloadAttribution:
         self.claims = claims
         self.pod_resources = pod_resources
         self.refresh_seconds = refresh_seconds
+        self.settle_seconds = settle_seconds
         self._prepared: dict[str, dict[ClaimRef, tuple[str, ...]]] = {}
         self._consumers: dict[str, dict[str, frozenset[Consumer]]] = {}
         """Claim UID -> device name ('' for every device of the claim) -> consumers."""
@@ -89,6 +95,7 @@ class WorkloadAttribution:
             await self.refresh()
             with anyio.move_on_after(self.refresh_seconds):
                 await self._changed.wait()
+                await anyio.sleep(self.settle_seconds)  # the changes of a burst, in one refresh
 
     async def refresh(self) -> None:
         """Ask PodResources (or the claims) who uses each prepared claim, then update the series."""

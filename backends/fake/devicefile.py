@@ -77,7 +77,8 @@ def write_device_file(path: Path, document: dict[str, Any]) -> None:
     """Write `document` at `path` atomically, readable by any container user (blocking)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(json.dumps(document, indent=2) + "\n")
+    # Compact: an indent switches json to its pure-Python encoder (~0.1 ms per device file).
+    temp.write_text(json.dumps(document, separators=(",", ":")) + "\n")
     temp.chmod(0o644)
     os.replace(temp, path)
 

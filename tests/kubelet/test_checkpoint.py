@@ -22,13 +22,16 @@ from agent.claims.checkpoint import (
     CheckpointWriteError,
     ClaimEntry,
     ClaimPhase,
+    EntryTexts,
     _checksum,
     decode,
     encode,
+    entry_json,
     load_checkpoint,
     read_boot_id,
     remove_temp_files,
 )
+from agent.core.sharing import OpaqueConfig
 
 ENTRY = ClaimEntry(
     uid="u1",
@@ -48,6 +51,45 @@ def disk_full(fd: int, data: bytes) -> None:
 
 def listing(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
+
+
+def test_encoding_is_the_canonical_json_of_the_document_and_reuses_unchanged_entries() -> None:
+    """`encode` joins cached entry texts: byte for byte the ``json.dumps`` of the whole document."""
+
+    def canonical(data: CheckpointData) -> bytes:
+        entries = {uid: entry_json(e) for uid, e in data.entries.items()}
+        doc = {
+            "version": 1,
+            "bootID": data.boot_id,
+            "checksum": _checksum(data.boot_id, entries),
+            "entries": entries,
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+    shared = CheckpointDevice(
+        "node-a",
+        "gpu-2",
+        ("gpu",),
+        "share-1",
+        ("k8s.x/claim=u3",),
+        consumed=(("memory", "10Gi"),),
+        config=OpaqueConfig("gpu.nvidia.com", {"sharing": {"strategy": "MPS", "n": [1, 2.5, None]}}),
+    )
+    texts = EntryTexts()
+    entries = {
+        "u1": ENTRY,
+        "u2": ClaimEntry("u2", "ns", "c2", ClaimPhase.STARTED),
+        "u3": ClaimEntry("u3", "ñs", 'clé "x"', ClaimPhase.COMPLETED, (shared,)),
+    }
+    for change in (None, "replace u2", "drop u1"):
+        if change == "replace u2":
+            entries["u2"] = ClaimEntry("u2", "ns", "c2", ClaimPhase.COMPLETED, ENTRY.devices)
+        elif change == "drop u1":
+            del entries["u1"]
+        data = CheckpointData("boot-1", dict(entries))
+        assert encode(data, texts) == canonical(data) == encode(data)
+        assert decode(encode(data, texts)) == data
+    assert set(texts._texts) == {"u2", "u3"}  # a dropped entry's text goes with it
 
 
 def test_round_trip() -> None:

@@ -267,12 +267,13 @@ async def test_malformed_request_grpcio(root: Path) -> None:
             )
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert err.value.details() == "claims[0].namespace: must not be empty"
-        # Bytes that are not a valid message: truncated (betterproto yields an empty claim) or
-        # invalid UTF-8 in a string field.
+        # Bytes that are not a valid message: truncated, a field cut short, invalid UTF-8 in a
+        # string field, a wire type that is not the field's (betterproto's Rust codec refuses them all).
         for raw, details in (
-            (b"\n\x64ab", "claims[0].namespace: must not be empty"),
-            (b"\n\x02\n\xff", "cannot decode the request: EOFError"),
-            (b"\n\x03\x12\x01\xff", "cannot decode the request: UnicodeDecodeError"),
+            (b"\n\x64ab", "cannot decode the request: RuntimeError: The given binary data is not a valid"),
+            (b"\n\x02\n\xff", "cannot decode the request: RuntimeError"),
+            (b"\n\x03\x12\x01\xff", "cannot decode the request: RuntimeError"),
+            (b"\x08\x01", "cannot decode the request: RuntimeError"),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await grpcio_unary(
@@ -280,6 +281,25 @@ async def test_malformed_request_grpcio(root: Path) -> None:
                 )
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert (err.value.details() or "").startswith(details)
+
+
+async def test_fields_of_a_newer_kubelet_are_ignored(root: Path) -> None:
+    """Protobuf's rule: a field this build does not know is skipped, in the request and in a claim.
+
+    A newer kubelet may add fields to ``NodePrepareResourcesRequest`` or ``Claim`` (field numbers
+    of k8s.io/kubelet/pkg/apis/dra/v1/api.proto); they must not make its requests undecodable.
+    """
+    pb2 = grpcio_protos().v1
+    known = pb2.NodePrepareResourcesRequest(claims=[claim(pb2, "uid-a")]).SerializeToString()
+    inner = pb2.Claim(namespace="default", uid="uid-a", name="claim-uid-a").SerializeToString()
+    inner += b"\x78\x05" + b"\x82\x01\x03abc"  # field 15 (varint), field 16 (bytes)
+    nested = b"\x0a" + bytes([len(inner)]) + inner
+    async with serving(make_plugin(root)) as plugin:
+        for raw in (known + b"\x78\x01", nested):
+            response = await grpcio_unary(
+                plugin.dra_socket, V1 + "NodePrepareResources", raw, pb2.NodePrepareResourcesResponse
+            )
+            assert list(response.claims) == ["uid-a"]
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,13 @@ from agent.claims.preparer import PreparedDevice, PrepareResult
 from agent.core.inventory import Inventory
 from agent.core.model import Device
 from agent.kubelet._protos import v1alpha1 as pb_health
-from agent.kubelet.plugin import UNSERVED_METHODS, KubeletPlugin, SocketError, socket_paths
+from agent.kubelet.plugin import (
+    UNSERVED_METHODS,
+    KubeletPlugin,
+    SocketError,
+    _CoalescingTransport,
+    socket_paths,
+)
 from tests.kubelet.grpc_support import (
     DRIVER,
     GET_INFO,
@@ -266,3 +272,42 @@ async def test_restart_closes_old_connections(root: Path) -> None:
                         assert exc.code() == grpc.StatusCode.UNAVAILABLE
     assert len(old_preparer.prepared) == 1
     assert len(new_preparer.prepared) == 1
+
+
+class _RecordingTransport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> str:
+        return f"info:{name}"
+
+
+async def test_writes_of_one_loop_iteration_leave_in_one_send() -> None:
+    real = _RecordingTransport()
+    transport = _CoalescingTransport(real)  # type: ignore[arg-type]
+    for part in (b"headers", b"", b"data", b"trailers"):
+        transport.write(part)
+    assert real.writes == []  # nothing until the iteration's callbacks are done
+    await anyio.wait_all_tasks_blocked()
+    assert real.writes == [b"headersdatatrailers"]
+    assert transport.get_extra_info("peername") == "info:peername"  # the rest is the real transport's
+
+
+async def test_closing_sends_what_is_pending_first() -> None:
+    real = _RecordingTransport()
+    transport = _CoalescingTransport(real)  # type: ignore[arg-type]
+    transport.write(b"goaway")
+    transport.close()
+    assert real.writes == [b"goaway"] and real.closed
+    await anyio.wait_all_tasks_blocked()
+    assert real.writes == [b"goaway"]  # the scheduled flush finds nothing more to send

@@ -131,6 +131,7 @@ class Rig:
             claims=source,
             pod_resources=PodResourcesClient(socket),
             refresh_seconds=0.05,
+            settle_seconds=0.001,
         )
         self.state = DeviceState(
             DRIVER,
