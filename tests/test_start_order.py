@@ -19,6 +19,7 @@ import pytest
 
 from agent import cli, runner
 from agent.app import Agent
+from agent.config import AgentConfig
 from agent.core.clock import SystemClock
 from agent.demo import DemoOptions, agent_running, demo_config
 from agent.emulator import KubeApiEmulator
@@ -72,19 +73,24 @@ async def wait_for(path: Path) -> None:
             await anyio.sleep(0.005)
 
 
+async def first_run(emu: KubeApiEmulator, root: Path) -> tuple[AgentConfig, Path, Path, str]:
+    """The agent's first run: claim ``train`` prepared and checkpointed; its config, DRA and
+    registration sockets and the claim's UID."""
+    emu.add_node(NODE)
+    config = demo_config(root, emu.write_kubeconfig(root / "kubeconfig"), DemoOptions())
+    config = replace(config, node_name=NODE)
+    dra_socket, registration = socket_paths(DRIVER, config.plugins_dir, config.registry_dir)
+    uid = allocated_claim(emu, "train", "gpu-0")
+    async with agent_running(config):
+        await wait_for(registration)
+        assert (await prepare(dra_socket, "train", uid)).claims[uid].error == ""
+    return config, dra_socket, registration, uid
+
+
 async def test_sockets_serve_while_the_start_up_reconcile_waits_for_the_api(root: Path) -> None:
     protos = grpcio_protos()
     async with KubeApiEmulator(version="1.34") as emu:
-        emu.add_node(NODE)
-        config = demo_config(root, emu.write_kubeconfig(root / "kubeconfig"), DemoOptions())
-        config = replace(config, node_name=NODE)
-        dra_socket, registration = socket_paths(DRIVER, config.plugins_dir, config.registry_dir)
-
-        # First run: the claim gets prepared and checkpointed.
-        uid = allocated_claim(emu, "train", "gpu-0")
-        async with agent_running(config):
-            await wait_for(registration)
-            assert (await prepare(dra_socket, "train", uid)).claims[uid].error == ""
+        config, dra_socket, registration, uid = await first_run(emu, root)
 
         # Restart with a slow API server: the reconcile's read of the claim takes API_LATENCY.
         async with agent_running(config) as parts:
@@ -206,15 +212,7 @@ async def test_the_publisher_and_metrics_server_are_imported_once_the_plugin_ans
         await import_late(*names)
 
     async with KubeApiEmulator(version="1.34") as emu:
-        emu.add_node(NODE)
-        config = demo_config(root, emu.write_kubeconfig(root / "kubeconfig"), DemoOptions())
-        config = replace(config, node_name=NODE)
-        dra_socket, registration = socket_paths(DRIVER, config.plugins_dir, config.registry_dir)
-        uid = allocated_claim(emu, "train", "gpu-0")
-        async with agent_running(config):
-            await wait_for(registration)
-            assert (await prepare(dra_socket, "train", uid)).claims[uid].error == ""
-
+        config, dra_socket, registration, uid = await first_run(emu, root)
         monkeypatch.setattr(runner, "import_late", recording_import_late)
         monkeypatch.setattr(runner, "METRICS_WAIT_SECONDS", 60.0)  # the bound of that wait
         emu.faults.slow["resourceclaims"] = 1.0  # the start-up reconcile's read of the claim
