@@ -59,6 +59,8 @@ API_MODULES = ("agent.kube.client", "agent.kube.events")
 (~0.11 s while the client used aiohttp; its own transport is `agent.kube.transport`); the
 credential loaders (~40 ms) are imported by `KubeClient.connect`, in a worker thread too."""
 PUBLISHER_MODULES = ("agent.kube.publisher", "agent.kube.published")
+PRINTER_MODULES = ("yaml", "agent.kube.capabilities", "agent.kube.client", "agent.kube.pool")
+"""What the ``--kube none`` slice printer needs: imported once the kubelet sockets serve."""
 METRICS_MODULE = "agent.observe.httpserver"
 METRICS_WAIT_SECONDS = 2.0
 """How long the metrics server and the publisher let the API client and the claim states go first."""
@@ -397,6 +399,8 @@ class AgentParts:
 
     async def _print_slices(self, agent: Agent) -> None:
         """With ``--kube none``: print the slices the agent would publish, on every change."""
+        await self._after_sockets()
+        await import_late(*PRINTER_MODULES)
         async with anyio.create_task_group() as tg:
             for runtime in agent.drivers.values():
                 tg.start_soon(self._print_pool, runtime)

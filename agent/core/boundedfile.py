@@ -15,8 +15,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agent.core.errors import AgentError
 
 KIB = 1024
@@ -24,8 +22,6 @@ MIB = 1024 * KIB
 MAX_DEPTH = 64
 """Nesting the agent's own formats never come near (a kubeconfig nests 4 deep, the checkpoint 6)."""
 
-# libyaml when built in: several times faster than the pure-Python loader (a large fake profile: 5x).
-_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # JSON strings and runs of anything but brackets and quotes: what is left are the brackets.
 _NOT_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^\[\]{}"]+')
 _INNERMOST_PAIR = re.compile(r"\[\]|\{\}")
@@ -141,10 +137,19 @@ def parse_json(text: str, path: Path | str, *, max_depth: int = MAX_DEPTH, what:
         raise BoundedFileError(path, f"not valid JSON ({error})", f"a {what}", "invalid") from None
 
 
+def _safe_loader() -> Any:
+    """libyaml's safe loader when built in: several times faster than the pure-Python one."""
+    import yaml  # imported when used: ~12 ms at start, and only the fake profiles and files given need it
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def yaml_depth_exceeds(text: str, max_depth: int) -> bool:
     """Whether the collections of YAML `text` nest deeper than `max_depth` (raises `yaml.YAMLError`)."""
+    import yaml
+
     depth = 0
-    for event in yaml.parse(text, Loader=_SAFE_LOADER):
+    for event in yaml.parse(text, Loader=_safe_loader()):
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > max_depth:
@@ -159,10 +164,12 @@ def parse_yaml(text: str, path: Path | str, *, max_depth: int = MAX_DEPTH, what:
 
     Raises `BoundedFileError` (too deep, or invalid YAML with the line of the problem).
     """
+    import yaml
+
     try:
         if yaml_depth_exceeds(text, max_depth):
             raise _too_deep(path, max_depth, what)
-        return yaml.load(text, Loader=_SAFE_LOADER)
+        return yaml.load(text, Loader=_safe_loader())
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -22,6 +22,7 @@ Prepare fault injection (backend settings, all optional):
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import math
 import random
@@ -31,6 +32,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -51,10 +53,10 @@ from agent.core.model import Device, Severity
 from agent.core.sharing import ConsumableShares, DeviceShare, merge_edits
 from backends.amd.sharingconfig import check_shares
 from backends.fake import devicefile
-from backends.fake.dynamicmig import FakeDynamicMig
-from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
-from backends.nvidia.mps import MpsDaemons, NoMounter
-from backends.nvidia.sharing import DeviceFacts, NvSharingManager, facts_of
+
+if TYPE_CHECKING:
+    from backends.fake.dynamicmig import FakeDynamicMig
+    from backends.nvidia.sharing import DeviceFacts, NvSharingManager
 
 log = logging.getLogger("agent.fake")
 
@@ -138,14 +140,10 @@ class FakeBackend:
         self._driver = driver_name
         self._partitions = partitions
         self._shares = shares or ConsumableShares()
+        self._sharing_root = sharing_root if vendor == "nvidia" else None
         self.sharing: NvSharingManager | None = None
-        """NVIDIA profiles: time-slicing and MPS through the fakes of `backends.fake.sharing`."""
-        if vendor == "nvidia" and sharing_root is not None:
-            self.sharing = NvSharingManager(
-                self._facts,
-                FakeGpuPolicy(sharing_root),
-                MpsDaemons(sharing_root / "mps", FakeMpsProgram(), NoMounter()),
-            )
+        """NVIDIA profiles: time-slicing and MPS through the fakes of `backends.fake.sharing`, set
+        up by `_nv_sharing` at the first share (or the resume at start)."""
         self._device_files = device_files
         self._devices = {d.name: d for d in devices}
         self._vendor = vendor
@@ -247,6 +245,8 @@ class FakeBackend:
             self._wake.set()
 
     def _facts(self, name: str) -> DeviceFacts:
+        from backends.nvidia.sharing import facts_of  # imported with the sharing manager that calls this
+
         found = self._devices.get(name)
         if found is None:
             raise DeviceNotFoundError(self._driver, name)
@@ -310,29 +310,48 @@ class FakeBackend:
                     "check the agent's state directory"
                 ) from error
 
+    async def _nv_sharing(self) -> NvSharingManager | None:
+        """The NVIDIA sharing manager (None for other vendors), set up at its first use."""
+        if self.sharing is None and self._sharing_root is not None:
+            # Imported in a worker thread once the kubelet sockets serve: ~17 ms at start otherwise.
+            for name in ("backends.nvidia.sharing", "backends.fake.sharing"):
+                await anyio.to_thread.run_sync(importlib.import_module, name)
+            from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
+            from backends.nvidia.mps import MpsDaemons, NoMounter
+            from backends.nvidia.sharing import NvSharingManager
+
+            if self.sharing is None:  # not set up meanwhile by a concurrent first share
+                root = self._sharing_root
+                daemons = MpsDaemons(root / "mps", FakeMpsProgram(), NoMounter())
+                self.sharing = NvSharingManager(self._facts, FakeGpuPolicy(root), daemons)
+        return self.sharing
+
     async def prepare_share(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> ContainerEdits:
         """`prepare` with the vendor's sharing: NVIDIA format and fake time-slicing/MPS, or AMD's format."""
-        if self.sharing is None:
+        sharing = await self._nv_sharing()
+        if sharing is None:
             check_shares(share, peers)
             return await self.prepare(share.device, share.claim)
         if share.device not in self._devices or share.device in self.lost:
             raise DeviceNotFoundError(self._driver, share.device)
-        extra = await self.sharing.prepare(share, peers)
+        extra = await sharing.prepare(share, peers)
         try:
             return merge_edits(await self.prepare(share.device, share.claim), extra)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self.sharing.unprepare(share, peers)
+                await sharing.unprepare(share, peers)
             raise
 
     async def unprepare_share(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> None:
-        if self.sharing is not None:
-            await self.sharing.unprepare(share, peers)
+        sharing = await self._nv_sharing()
+        if sharing is not None:
+            await sharing.unprepare(share, peers)
         await self.unprepare(share.device, share.claim)
 
     async def resume_shares(self, shares: Sequence[DeviceShare]) -> None:
-        if self.sharing is not None:
-            await self.sharing.resume(shares)
+        sharing = await self._nv_sharing()
+        if sharing is not None:
+            await sharing.resume(shares)
 
     def _edits(self, device: Device, mounts: tuple[Mount, ...]) -> ContainerEdits:
         """Environment and the description file: no device nodes (see `backends.fake.devicefile`)."""
@@ -539,10 +558,12 @@ class FaultInjector:
 
     async def serve_control(self) -> None:
         """Serve the control socket while this task runs; one server per injector (others wait)."""
-        from backends.fake.control import serve_control
-
         if not self.control_path:
             await anyio.sleep_forever()
+        # Imported in a worker thread: the event loop goes on starting the kubelet sockets (~7 ms).
+        await anyio.to_thread.run_sync(importlib.import_module, "backends.fake.control")
+        from backends.fake.control import serve_control
+
         while True:
             if self._serving and self._serving_done is not None:
                 await self._serving_done.wait()
