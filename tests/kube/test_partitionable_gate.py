@@ -83,7 +83,10 @@ async def test_gate_turned_off_later_withdraws_the_placements() -> None:
         h.emu.set_feature_gate(GATE, False)
         await h.settle(lambda: set(h.devices()) == {"gpu-0"})
         assert not h.devices()["gpu-0"].get("consumesCounters")
-        assert h.metric("dra_agent_unpublishable_devices", {"driver": DRIVER}) == PLACEMENTS_PER_GPU
+        # The gauge is set once the write's answer is back, after the emulator stored the slice.
+        await h.settle(
+            lambda: h.metric("dra_agent_unpublishable_devices", {"driver": DRIVER}) == PLACEMENTS_PER_GPU
+        )
 
 
 def test_counters_dropped_from_a_written_slice_are_noticed() -> None:
