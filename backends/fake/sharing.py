@@ -16,6 +16,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import anyio
 import anyio.to_thread
 
 from backends.nvidia.mps import megabytes
@@ -39,6 +40,9 @@ class FakeGpuPolicy:
     def __init__(self, root: Path) -> None:
         self.path = root / TIMESLICE_FILE
         self.modes_path = root / COMPUTE_MODE_FILE
+        # One change at a time: each rewrites a whole file (read, change, replace), and two GPUs
+        # set up at once (two MPS claims in one prepare) lost an update or the other's temp file.
+        self._writing = anyio.Lock()
 
     def intervals(self) -> dict[str, int]:
         """UUID -> interval as last set."""
@@ -54,10 +58,12 @@ class FakeGpuPolicy:
         os.replace(tmp, path)
 
     async def set_interval(self, uuid: str, interval: int) -> None:
-        await anyio.to_thread.run_sync(self._set, self.path, uuid, interval)
+        async with self._writing:
+            await anyio.to_thread.run_sync(self._set, self.path, uuid, interval)
 
     async def set_compute_mode(self, uuid: str, mode: str) -> None:
-        await anyio.to_thread.run_sync(self._set, self.modes_path, uuid, mode)
+        async with self._writing:
+            await anyio.to_thread.run_sync(self._set, self.modes_path, uuid, mode)
 
     def modes(self) -> dict[str, str]:
         """UUID -> compute mode as last set."""

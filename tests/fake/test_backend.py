@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
@@ -11,6 +13,7 @@ from agent.core.backend import Backend, ClaimRef, ConditionKind, HealthEvent
 from agent.core.errors import BackendError, DeviceNotFoundError
 from agent.core.model import Severity
 from backends.fake.backend import MAX_QUEUED_EVENTS, FaultError, condition_defaults
+from backends.fake.sharing import FakeGpuPolicy
 from tests.fake.helpers import Collector, make_backends
 from tests.support.clock import FakeClock
 
@@ -249,3 +252,19 @@ async def test_sink_failure_propagates_and_a_restart_goes_on() -> None:
         tg.cancel_scope.cancel()
     # The event the broken sink failed on is delivered again.
     assert sink.conditions() == [("gpu-0", "xid", "79", False), ("gpu-0", "xid", "48", False)]
+
+
+async def test_the_fake_gpu_policy_keeps_every_change_made_at_once(tmp_path: Path) -> None:
+    """Two MPS claims prepared in one call set two GPUs' compute modes at once: none is lost.
+
+    Each change rewrites the whole file; run concurrently, they used to lose an update or fail
+    on the other's temp file (FileNotFoundError, seen as a flaky sharing restart test).
+    """
+    policy = FakeGpuPolicy(tmp_path / "policy")
+    uuids = [f"GPU-{i:08d}" for i in range(16)]
+    async with anyio.create_task_group() as tg:
+        for uuid in uuids:
+            tg.start_soon(policy.set_compute_mode, uuid, "EXCLUSIVE_PROCESS")
+            tg.start_soon(policy.set_interval, uuid, 2)
+    assert policy.modes() == dict.fromkeys(uuids, "EXCLUSIVE_PROCESS")
+    assert policy.intervals() == dict.fromkeys(uuids, 2)
