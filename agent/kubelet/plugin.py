@@ -17,7 +17,7 @@ import logging
 import socket
 import stat
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,7 @@ class _ClosingServer(Server):
         made = protocol.connection_made
 
         def connection_made(transport: asyncio.BaseTransport) -> None:
-            made(_CoalescingTransport(transport))  # type: ignore[arg-type]
+            made(_CoalescingTransport(transport, lambda: _streams(protocol) > 1))  # type: ignore[arg-type]
             _bound_closed_streams(protocol)
 
         protocol.connection_made = connection_made  # type: ignore[method-assign]
@@ -93,22 +93,27 @@ class _ClosingServer(Server):
 
 
 class _CoalescingTransport:
-    """A transport whose writes of one event-loop iteration leave in one send.
+    """A transport whose writes leave in one send per event-loop iteration while calls overlap.
 
     grpclib writes each HTTP/2 step of an answer (headers, data, trailers) at once: three sends,
-    each waking the kubelet, per call, and 300 in a burst of 100. Collected and sent when the
-    iteration's callbacks are done, they cost one send (a burst's answers share sends too), and
-    nothing waits longer than the current iteration. Everything else is the real transport's.
+    each waking the kubelet. In a burst (several streams open) the writes of one iteration are
+    collected and sent once its callbacks are done (a burst's answers share sends). A lone call
+    is written through: held to the end of the iteration, its trailers waited for grpclib's
+    clean-up of the stream (+0.05-0.15 ms per call measured).
     """
 
-    def __init__(self, transport: asyncio.BaseTransport) -> None:
+    def __init__(self, transport: asyncio.BaseTransport, overlapping: Callable[[], bool]) -> None:
         self._transport = transport
+        self._overlapping = overlapping
         self._pending: list[bytes] = []
 
     def write(self, data: bytes) -> None:
         if not data:
             return
         if not self._pending:
+            if not self._overlapping():
+                self._transport.write(data)  # type: ignore[attr-defined]
+                return
             asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append(data)
 
@@ -123,6 +128,13 @@ class _CoalescingTransport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def _streams(protocol: H2Protocol) -> int:
+    """The HTTP/2 streams h2 holds for the connection (its open ones, and closed ones until it
+    next counts them): more than one means calls overlap."""
+    h2_connection = getattr(getattr(protocol, "connection", None), "_connection", None)
+    return len(getattr(h2_connection, "streams", ()))
 
 
 def _bound_closed_streams(protocol: H2Protocol) -> None:

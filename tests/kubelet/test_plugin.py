@@ -292,9 +292,9 @@ class _RecordingTransport:
         return f"info:{name}"
 
 
-async def test_writes_of_one_loop_iteration_leave_in_one_send() -> None:
+async def test_writes_of_overlapping_calls_leave_in_one_send_per_loop_iteration() -> None:
     real = _RecordingTransport()
-    transport = _CoalescingTransport(real)  # type: ignore[arg-type]
+    transport = _CoalescingTransport(real, lambda: True)  # type: ignore[arg-type]
     for part in (b"headers", b"", b"data", b"trailers"):
         transport.write(part)
     assert real.writes == []  # nothing until the iteration's callbacks are done
@@ -303,9 +303,25 @@ async def test_writes_of_one_loop_iteration_leave_in_one_send() -> None:
     assert transport.get_extra_info("peername") == "info:peername"  # the rest is the real transport's
 
 
+async def test_a_lone_call_is_written_through() -> None:
+    real = _RecordingTransport()
+    overlapping = False
+    transport = _CoalescingTransport(real, lambda: overlapping)  # type: ignore[arg-type]
+    transport.write(b"headers")
+    transport.write(b"data")
+    assert real.writes == [b"headers", b"data"]  # at once: nothing waits for the iteration's end
+    overlapping = True
+    transport.write(b"other")
+    overlapping = False
+    transport.write(b"trailers")  # after a held write: held too, to keep the order
+    assert real.writes == [b"headers", b"data"]
+    await anyio.wait_all_tasks_blocked()
+    assert real.writes == [b"headers", b"data", b"othertrailers"]
+
+
 async def test_closing_sends_what_is_pending_first() -> None:
     real = _RecordingTransport()
-    transport = _CoalescingTransport(real)  # type: ignore[arg-type]
+    transport = _CoalescingTransport(real, lambda: True)  # type: ignore[arg-type]
     transport.write(b"goaway")
     transport.close()
     assert real.writes == [b"goaway"] and real.closed
