@@ -130,11 +130,15 @@ class _CoalescingTransport:
         return getattr(self._transport, name)
 
 
+def _h2_connection(protocol: H2Protocol) -> Any:
+    """The h2 ``H2Connection`` behind grpclib's protocol (None before the connection is made)."""
+    return getattr(getattr(protocol, "connection", None), "_connection", None)
+
+
 def _streams(protocol: H2Protocol) -> int:
     """The HTTP/2 streams h2 holds for the connection (its open ones, and closed ones until it
     next counts them): more than one means calls overlap."""
-    h2_connection = getattr(getattr(protocol, "connection", None), "_connection", None)
-    return len(getattr(h2_connection, "streams", ()))
+    return len(getattr(_h2_connection(protocol), "streams", ()))
 
 
 def _bound_closed_streams(protocol: H2Protocol) -> None:
@@ -145,8 +149,7 @@ def _bound_closed_streams(protocol: H2Protocol) -> None:
     makes one stream per call, so memory grew with every prepare up to ~7 MB. A frame for a stream
     closed longer ago is answered with RST_STREAM(STREAM_CLOSED), which RFC 9113 allows.
     """
-    h2_connection = getattr(getattr(protocol, "connection", None), "_connection", None)
-    closed = getattr(h2_connection, "_closed_streams", None)
+    closed = getattr(_h2_connection(protocol), "_closed_streams", None)
     if closed is not None and hasattr(closed, "_size_limit"):  # h2's private layout (4.x)
         closed._size_limit = CLOSED_STREAMS_REMEMBERED
 

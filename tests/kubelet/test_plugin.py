@@ -19,10 +19,15 @@ from agent.core.inventory import Inventory
 from agent.core.model import Device
 from agent.kubelet._protos import v1alpha1 as pb_health
 from agent.kubelet.plugin import (
+    CLOSED_STREAMS_REMEMBERED,
     UNSERVED_METHODS,
     KubeletPlugin,
     SocketError,
+    UnservedMethods,
+    _ClosingServer,
     _CoalescingTransport,
+    _h2_connection,
+    _streams,
     socket_paths,
 )
 from tests.kubelet.grpc_support import (
@@ -327,3 +332,28 @@ async def test_closing_sends_what_is_pending_first() -> None:
     assert real.writes == [b"goaway"] and real.closed
     await anyio.wait_all_tasks_blocked()
     assert real.writes == [b"goaway"]  # the scheduled flush finds nothing more to send
+
+
+async def test_the_h2_connection_the_plugin_reaches_into_is_where_it_looks(tmp_path: Path) -> None:
+    """`_streams` (coalescing) and `_bound_closed_streams` read h2's private layout through grpclib.
+
+    Should grpclib or h2 move it, both fall back (no coalescing, h2's default memory): this
+    test says so instead of a silent slowdown.
+    """
+    server = _ClosingServer([UnservedMethods()])
+    path = tmp_path / "s.sock"
+    await server.start(path=str(path))
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await grpcio_unary(
+                path, UNSERVED_METHODS[0], b"", grpcio_protos().v1.NodePrepareResourcesResponse
+            )
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        (protocol,) = list(server._protocols)
+        h2_connection = _h2_connection(protocol)
+        assert isinstance(h2_connection.streams, dict) and _streams(protocol) == len(h2_connection.streams)
+        assert h2_connection._closed_streams._size_limit == CLOSED_STREAMS_REMEMBERED
+    finally:
+        server.close()
+        server.close_connections()
+        await server.wait_closed()
