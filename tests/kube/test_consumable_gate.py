@@ -90,7 +90,8 @@ async def test_gate_turned_off_later_publishes_the_devices_exclusive() -> None:
         await h.settle(lambda: bool(h.devices().get("gpu-0", {}).get("allowMultipleAllocations")))
         h.emu.set_feature_gate(GATE, False)
         await h.settle(lambda: not h.devices()["gpu-0"].get("allowMultipleAllocations"))
-        assert h.metric("dra_agent_unpublishable_devices", {"driver": DRIVER}) == 1
+        # The gauge is set once the write's answer is back, after the emulator stored the slice.
+        await h.settle(lambda: h.metric("dra_agent_unpublishable_devices", {"driver": DRIVER}) == 1)
 
 
 async def test_a_refused_probe_falls_back_to_what_the_writes_show(caplog: pytest.LogCaptureFixture) -> None:
