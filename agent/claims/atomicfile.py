@@ -14,7 +14,7 @@ from pathlib import Path
 TEMP_SUFFIX = ".tmp"
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     """Write every byte of `data` (a seam for tests that simulate a full disk)."""
     view = memoryview(data)
     while view:
@@ -46,7 +46,7 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = 
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             if durable:
                 os.fsync(fd)
         finally:

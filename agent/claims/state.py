@@ -212,6 +212,8 @@ class DeviceState:
             entries = outcome.data.entries if outcome.data is not None else {}
             if outcome.problem is not None:
                 entries = await self._rebuild(outcome.problem.reason, str(outcome.problem), outcome.moved_to)
+            elif outcome.shape is not None and outcome.shape.torn_tail:
+                entries = await self._complete_from_specs(entries)
             self.store.load(entries)
             boot_changed = outcome.data is not None and outcome.data.boot_id != self._boot_id
             if boot_changed:
@@ -659,13 +661,34 @@ class DeviceState:
         await self._report_recovery(reason, problem, moved_to, rebuilt=outcome)
         return rebuilt.entries
 
+    async def _complete_from_specs(self, entries: Mapping[str, ClaimEntry]) -> dict[str, ClaimEntry]:
+        """`entries` of a checkpoint whose unfinished last record was dropped, plus what the specs add.
+
+        After a power loss the specs (on a tmpfs) are gone and nothing is added. A spec that
+        survives with a completed claim the entries lack or hold as started was written before
+        its PrepareCompleted record: the file was cut within the journal (or that record with it),
+        and the claim is taken from the spec, as from a corrupt checkpoint.
+        """
+        rebuilt = await anyio.to_thread.run_sync(rebuild_from_specs, self.cdi)
+        restored = {
+            uid: e
+            for uid, e in rebuilt.entries.items()
+            if uid not in entries or entries[uid].phase is not ClaimPhase.COMPLETED
+        }
+        if restored:
+            await self._report_recovery(
+                "torn_journal",
+                "its last journal record was cut short",
+                None,
+                rebuilt=f"{len(restored)} claim(s) from their CDI specs",
+            )
+        return {**entries, **restored}
+
     async def _report_recovery(
         self, reason: str, problem: str, moved_to: Path | None, *, rebuilt: str
     ) -> None:
-        message = (
-            f"checkpoint {self.store.path} was unusable ({problem}); moved aside to {moved_to} "
-            f"and rebuilt {rebuilt}"
-        )
+        kept = "kept" if moved_to is None else f"moved aside to {moved_to}"
+        message = f"checkpoint {self.store.path} was unusable ({problem}); {kept} and rebuilt {rebuilt}"
         log.error("checkpoint recovered", extra=log_fields(driver=self.driver, reason=reason, detail=message))
         if self.metrics is not None:
             self.metrics.checkpoint_recoveries.labels(reason).inc()

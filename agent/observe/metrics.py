@@ -77,6 +77,7 @@ CHECKPOINT_RECOVERY_REASONS = (
     "unknown_version",
     "invalid_schema",
     "checksum_mismatch",
+    "torn_journal",
 )
 """``reason`` values of `Metrics.checkpoint_recoveries` (agent/claims/checkpoint.py)."""
 REGISTRATION_RESULTS = ("accepted", "refused")

@@ -10,8 +10,8 @@ its time-slicing record and MPS daemons live under ``state/``. OP is ``start`` (
 reconcile only), ``prepare`` or ``unprepare`` (after start) of the given claim UIDs. When a claim
 reaches STEP the process kills itself with SIGKILL, as ``kill -9`` would; otherwise it prints the
 results as JSON on stdout. With ``--crash-in-group-write K`` it kills itself in the middle of the
-K-th checkpoint write that carries the changes of more than one claim (a group commit): the temp
-file written, not yet renamed over the checkpoint.
+K-th checkpoint write that carries the changes of more than one claim (a group commit): half of
+its journal records appended, the last one cut short.
 """
 
 from __future__ import annotations
@@ -40,24 +40,19 @@ class CrashAt:
 
 
 class CrashInGroupWrite:
-    """Replaces the checkpoint's `write_atomic`: SIGKILL mid-write at the K-th group commit."""
+    """Wraps the checkpoint's journal append: SIGKILL mid-append at the K-th group commit."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, append: Any) -> None:
         self.k = k
-        self.previous: dict[str, Any] = {}
+        self.append = append
 
-    def __call__(self, path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
-        from agent.claims import atomicfile
-
-        entries = json.loads(data)["entries"]
-        changed = {u for u in entries.keys() | self.previous.keys() if entries.get(u) != self.previous.get(u)}
-        if len(changed) > 1:
+    def __call__(self, path: Path, records: bytes, file: Any, durable: bool) -> Any:
+        if records.count(b"\n") > 1:
             self.k -= 1
             if self.k == 0:
-                atomicfile.temp_path_for(path).write_bytes(data[: len(data) // 2])
+                os.write(file.fd, records[: len(records) // 2])
                 os.kill(os.getpid(), signal.SIGKILL)
-        atomicfile.write_atomic(path, data, mode=mode, durable=durable)
-        self.previous = entries
+        return self.append(path, records, file, durable)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -68,7 +63,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.crash_in_group_write:
         import agent.claims.checkpoint
 
-        vars(agent.claims.checkpoint)["write_atomic"] = CrashInGroupWrite(args.crash_in_group_write)
+        vars(agent.claims.checkpoint)["_append"] = CrashInGroupWrite(
+            args.crash_in_group_write, agent.claims.checkpoint._append
+        )
     root = Path(args.root)
     claims = json.loads((root / "claims.json").read_text())
     driver, backend = DRIVER, FileBackend(root / "backend.json")

@@ -158,7 +158,7 @@ def test_failed_write_keeps_old_spec_and_leaves_no_temp(
     def full(fd: int, data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", full)
+    monkeypatch.setattr(agent.claims.atomicfile, "write_all", full)
     with pytest.raises(OSError, match="No space"):
         writer.write_claim_spec(UID, [CdiDevice("a", ContainerEdits(env={"A": "new"}))])
     assert writer.spec_path(UID).read_bytes() == before

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import functools
+import hashlib
+import itertools
 import json
 import os
 from collections.abc import Callable
@@ -14,6 +16,7 @@ import anyio
 import pytest
 
 import agent.claims.atomicfile
+import agent.claims.checkpoint
 from agent.claims.checkpoint import (
     CheckpointCorruptError,
     CheckpointData,
@@ -25,7 +28,9 @@ from agent.claims.checkpoint import (
     EntryTexts,
     _checksum,
     decode,
+    decode_file,
     encode,
+    encode_record,
     entry_json,
     load_checkpoint,
     read_boot_id,
@@ -246,7 +251,7 @@ async def test_disk_full_keeps_previous_file_and_reverts_memory(
     await store.put(ENTRY)
     before = path.read_bytes()
 
-    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", disk_full)
+    monkeypatch.setattr(agent.claims.atomicfile, "write_all", disk_full)
     other = ClaimEntry("u2", "ns", "c2", ClaimPhase.STARTED)
     with pytest.raises(CheckpointWriteError, match="No space left on device"):
         await store.put(other)
@@ -261,14 +266,14 @@ async def test_disk_full_keeps_previous_file_and_reverts_memory(
 
 async def test_concurrent_changes_share_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     writes = 0
-    real = agent.claims.atomicfile.write_atomic
+    real = agent.claims.checkpoint._write_group
 
-    def counting(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
+    def counting(*args: Any) -> Any:
         nonlocal writes
         writes += 1
-        real(path, data, mode=mode, durable=durable)
+        return real(*args)
 
-    monkeypatch.setattr("agent.claims.checkpoint.write_atomic", counting)
+    monkeypatch.setattr(agent.claims.checkpoint, "_write_group", counting)
     store = CheckpointStore(tmp_path / "checkpoint.json", "boot-1")
     async with anyio.create_task_group() as tg:
         for i in range(50):
@@ -320,14 +325,15 @@ async def test_every_waiter_of_a_group_commit_returns_once_its_change_is_durable
 ) -> None:
     path = tmp_path / "checkpoint.json"
     synced: list[set[str]] = []
-    real = agent.claims.atomicfile.write_atomic
+    real = os.fsync
 
-    def recording(target: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
-        real(target, data, mode=mode, durable=durable)
-        synced.append(set(decode(data).entries))
+    def recording(fd: int) -> None:  # what the file holds once each fsync (append or compaction) is done
+        real(fd)
+        synced.append(set(decode(path.read_bytes()).entries) if path.exists() else set())
 
-    monkeypatch.setattr("agent.claims.checkpoint.write_atomic", recording)
     store = CheckpointStore(path, "boot-1")
+    await store.flush()
+    monkeypatch.setattr(os, "fsync", recording)
 
     async def put(uid: str) -> None:
         await store.put(ClaimEntry(uid, "ns", uid, ClaimPhase.STARTED))
@@ -470,7 +476,7 @@ async def test_an_action_that_fails_with_the_write_reports_the_action(
     def cdi_full() -> None:
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", disk_full)
+    monkeypatch.setattr(agent.claims.atomicfile, "write_all", disk_full)
     with pytest.raises(OSError, match="Read-only"):
         await store.put(ClaimEntry("u2", "ns", "c2", ClaimPhase.COMPLETED), before=cdi_full)
     assert store.entries() == {"u1": ENTRY}
@@ -553,7 +559,7 @@ async def test_a_failed_after_is_raised_and_a_failed_write_runs_none(
     assert set(store.entries()) == {"u1"}  # dropped all the same
     assert set(decode(path.read_bytes()).entries) == {"u1"}
 
-    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", disk_full)
+    monkeypatch.setattr(agent.claims.atomicfile, "write_all", disk_full)
     ran: list[str] = []
     with pytest.raises(CheckpointWriteError):
         await store.remove("u1", after=lambda: ran.append("u1"))
@@ -562,3 +568,171 @@ async def test_a_failed_after_is_raised_and_a_failed_write_runs_none(
     monkeypatch.undo()
     await store.remove("u1", after=lambda: ran.append("u1"))  # the kubelet's retry
     assert ran == ["u1"]
+
+
+# ----------------------------------------------------------------- the journal
+
+STARTED = ClaimEntry("u2", "ns", "c2", ClaimPhase.STARTED)
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    """The journal records after the snapshot line."""
+    return [json.loads(line) for line in path.read_bytes().splitlines()[1:]]
+
+
+async def test_changes_are_appended_as_canonical_records_and_replayed(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.flush()
+    snapshot = path.read_bytes()
+    await store.put(ENTRY)
+    await store.put(STARTED, durable=False)
+    await store.remove("u2")
+    raw = path.read_bytes()
+    assert raw.startswith(snapshot)  # appended, not rewritten
+    assert [(r["op"], r["uid"]) for r in records(path)] == [("put", "u1"), ("put", "u2"), ("delete", "u2")]
+    for line in raw.splitlines()[1:]:
+        assert line.decode() == json.dumps(json.loads(line), sort_keys=True, separators=(",", ":"))
+    assert decode(raw) == CheckpointData("boot-1", {"u1": ENTRY})
+    assert records(path)[0]["entry"] == entry_json(ENTRY)  # jq-readable: the entry as in a snapshot
+
+
+def test_a_pretty_printed_snapshot_of_an_earlier_release_still_reads() -> None:
+    data = CheckpointData("b", {"u1": ENTRY})
+    assert decode(json.dumps(json.loads(encode(data)), indent=2).encode()) == data
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda r: {**r, "uid": "u9"}, "checksum_mismatch"),
+        (lambda r: {k: v for k, v in r.items() if k != "checksum"}, "checksum_mismatch"),
+        (lambda r: "not a record", "invalid_json"),
+    ],
+)
+def test_a_damaged_whole_record_is_corruption_wherever_it_is(
+    change: Callable[[Any], Any], reason: str
+) -> None:
+    snapshot = encode(CheckpointData("b", {}))
+    good = encode_record("u1", ENTRY)
+    bad = json.dumps(change(json.loads(good))).encode() + b"\n"
+    for raw in (snapshot + bad + good, snapshot + good + bad):
+        with pytest.raises(CheckpointCorruptError, match="journal record on line") as info:
+            decode(raw)
+        assert info.value.reason == reason
+
+
+def test_a_record_with_a_valid_checksum_but_no_op_is_invalid_schema() -> None:
+    body = {"uid": "u1", "op": "rename"}
+    line = json.dumps({**body, "checksum": "sha256:" + hashlib.sha256(_canon(body)).hexdigest()})
+    with pytest.raises(CheckpointCorruptError) as info:
+        decode(encode(CheckpointData("b", {})) + line.encode() + b"\n")
+    assert info.value.reason == "invalid_schema"
+
+
+def _canon(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def test_an_unfinished_last_record_is_dropped_and_reported_in_the_shape(tmp_path: Path) -> None:
+    good = encode_record("u1", ENTRY)
+    raw = encode(CheckpointData("b", {})) + good + encode_record("u2", STARTED)[:-5]
+    data, shape = decode_file(raw)
+    assert data.entries == {"u1": ENTRY}
+    assert shape.torn_tail
+    assert shape.journal_bytes == len(good)
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(raw)
+    outcome = load_checkpoint(path)
+    assert outcome.shape is not None and outcome.shape.torn_tail and outcome.problem is None
+
+
+async def test_the_journal_is_compacted_once_it_outgrows_its_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent.claims.checkpoint, "COMPACT_AFTER_BYTES", 2_000)
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    sizes = []
+    for i in range(40):
+        await store.put(ClaimEntry(f"u{i % 3}", "ns", f"c{i}", ClaimPhase.STARTED))
+        sizes.append(path.stat().st_size)
+    assert max(sizes) < 2_000 + 1_000
+    assert any(b < a for a, b in itertools.pairwise(sizes))  # compacted along the way
+    assert decode(path.read_bytes()).entries == store.entries()
+    assert listing(tmp_path) == ["checkpoint.json"]
+
+
+async def test_a_failed_append_is_taken_back_and_the_next_write_compacts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.put(ENTRY)
+    before = path.read_bytes()
+
+    def half_then_full(fd: int, data: bytes) -> None:
+        os.write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(agent.claims.atomicfile, "write_all", half_then_full)
+    with pytest.raises(CheckpointWriteError):
+        await store.put(STARTED)
+    assert path.read_bytes() == before  # the half record truncated away
+    monkeypatch.undo()
+    await store.put(STARTED)
+    assert path.read_bytes().count(b"\n") == 1  # a new snapshot, not an append after a failure
+    assert decode(path.read_bytes()).entries == {"u1": ENTRY, "u2": STARTED}
+
+
+async def test_a_file_replaced_behind_the_store_is_compacted_not_appended_to(tmp_path: Path) -> None:
+    """Appending to the open descriptor of a replaced file would write to a file nobody reads."""
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.put(ENTRY)
+    path.unlink()
+    path.write_bytes(encode(CheckpointData("boot-1", {})))
+    await store.put(STARTED)
+    assert decode(path.read_bytes()).entries == {"u1": ENTRY, "u2": STARTED}
+    path.unlink()
+    await store.remove("u2")
+    assert decode(path.read_bytes()).entries == {"u1": ENTRY}
+
+
+async def test_a_durable_append_after_an_unsynced_compaction_syncs_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append("dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    store = CheckpointStore(tmp_path / "checkpoint.json", "boot-1")
+    await store.put(STARTED, durable=False)  # the first write: a new snapshot, renamed unsynced
+    assert synced == []
+    await store.put(ENTRY)
+    assert synced == ["file", "dir"]
+    await store.remove("u1")
+    assert synced == ["file", "dir", "file"]
+
+
+async def test_a_reload_of_a_file_with_an_unfinished_record_compacts_at_the_next_write(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    writer = CheckpointStore(path, "boot-1")
+    await writer.put(ENTRY)
+    writer.close()
+    with path.open("ab") as f:
+        f.write(encode_record("u2", STARTED)[:-3])
+    reader = CheckpointStore(path, "boot-1")
+    outcome = await reader.reload(now=1.0)
+    assert outcome.problem is None and reader.entries() == {"u1": ENTRY}
+    assert reader.is_current()
+    await reader.put(STARTED)
+    assert path.read_bytes().count(b"\n") == 1
+    assert decode(path.read_bytes()).entries == {"u1": ENTRY, "u2": STARTED}
+    reader.close()

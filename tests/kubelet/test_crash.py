@@ -158,10 +158,12 @@ MANY = [make_claim(f"{i}a2e-1111-4222-8333-444455556666", devices=(f"gpu-{i}",))
 MANY_UIDS = tuple(c["metadata"]["uid"] for c in MANY)
 
 
-@pytest.mark.parametrize("op", ["prepare", "unprepare"])
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize(("op", "k"), [("prepare", 1), ("prepare", 2), ("unprepare", 1)])
 async def test_kill_in_the_middle_of_a_group_commit(tmp_path: Path, op: str, k: int) -> None:
-    """Six claims in one call share checkpoint writes; kill -9 while one such write is half done."""
+    """Six claims in one call share checkpoint writes; kill -9 while one such append is half done.
+
+    A prepare makes two group commits (PrepareStarted, PrepareCompleted), an unprepare one.
+    """
     root = setup_root(tmp_path, MANY)
     refs = [ref_of(c) for c in MANY]
     if op == "unprepare":
@@ -172,7 +174,7 @@ async def test_kill_in_the_middle_of_a_group_commit(tmp_path: Path, op: str, k: 
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr or crashed.stdout
 
     state, backend = agent(root, claims=MANY)
-    await state.start()  # the half-written temp file is removed, the checkpoint is the last whole one
+    await state.start()  # the cut-short record is dropped, the whole ones before it replayed
     assert [p.name for p in (root / "state").iterdir()] == ["checkpoint.json"]
     check_invariants(root, backend, backend_matches=op == "prepare")
     if op == "prepare":

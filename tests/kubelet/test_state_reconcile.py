@@ -190,7 +190,8 @@ CORRUPTIONS = {
     "torn": lambda raw: b"{torn",
     "unknown-version": lambda raw: b'{"version": 7, "bootID": "b", "entries": {}}',
     "one-flipped-byte": flip_one_byte,
-    "truncated": lambda raw: raw[: len(raw) // 2],
+    "snapshot-truncated": lambda raw: raw[: raw.index(b"\n") // 2],
+    "journal-record-flipped": lambda raw: raw[:-10] + bytes([raw[-10] ^ 0x01]) + raw[-9:],
     "binary-garbage": lambda raw: bytes(range(256)) * 4,
     "deeply-nested": lambda raw: b"[" * 100_000 + b"]" * 100_000,
 }
@@ -245,6 +246,51 @@ async def test_corrupt_checkpoint_is_moved_aside_reported_and_rebuilt_from_the_s
     assert entries(tmp_path) == {}
     assert backend.prepared == {}
     assert_invariants(tmp_path)
+
+
+@pytest.mark.parametrize("cut", ["mid-record", "line-end"])
+async def test_journal_cut_short_keeps_its_whole_records_and_takes_the_rest_from_the_specs(
+    tmp_path: Path, cut: str
+) -> None:
+    """A last record without its line end is a write that never finished: dropped, the file kept.
+
+    After a power loss the specs (tmpfs) are gone with it; a file cut anywhere else in its
+    journal loses records of claims the kubelet believes prepared, and their specs bring them back.
+    """
+    c1, c2 = make_claim(U1, devices=("gpu-0", "gpu-1")), make_claim(U2, namespace="team", devices=("gpu-2",))
+    source, backend = await prepared(tmp_path, c1, c2)
+    before = entries(tmp_path)
+    path = tmp_path / "state" / "checkpoint.json"
+    raw = path.read_bytes()
+    lines = raw.splitlines(keepends=True)
+    assert len(lines) > 2  # the snapshot and the records of the two prepares
+    content = raw[:-1] if cut == "line-end" else b"".join(lines[:2]) + lines[2][:40]
+    path.write_bytes(content)
+    backend.prepared.clear()
+    events = FakeEvents()
+    state = build(tmp_path, source, backend, events=events)
+    await state.start()
+    assert [p.name for p in (tmp_path / "state").iterdir()] == ["checkpoint.json"]  # nothing moved aside
+    assert entries(tmp_path) == before
+    assert path.read_bytes().count(b"\n") == 1  # compacted into a new snapshot at start
+    assert_invariants(tmp_path)
+    assert [r for r, _, _ in events.recorded] == ["CheckpointRecovered"]
+    assert "its last journal record was cut short" in events.recorded[0][1]
+
+
+async def test_journal_cut_short_after_its_last_acknowledged_record_changes_nothing(tmp_path: Path) -> None:
+    """A record the power cut short was never acknowledged: every claim keeps its entry, none is reported."""
+    c1 = make_claim(U1)
+    source, backend = await prepared(tmp_path, c1)
+    path = tmp_path / "state" / "checkpoint.json"
+    acknowledged = path.read_bytes()
+    path.write_bytes(acknowledged + b'{"checksum":"sha256:')  # a started record the power cut short
+    before = entries(tmp_path)
+    events = FakeEvents()
+    state = build(tmp_path, source, backend, events=events)
+    await state.start()
+    assert entries(tmp_path) == before
+    assert events.recorded == []
 
 
 async def test_rebuilt_claim_deleted_in_the_api_is_unprepared(tmp_path: Path) -> None:
@@ -345,7 +391,7 @@ async def test_checkpoint_write_failure_at_start_is_logged(
     def full(fd: int, data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(agent.claims.atomicfile, "_write_all", full)
+    monkeypatch.setattr(agent.claims.atomicfile, "write_all", full)
     state = build(tmp_path, FakeClaimSource(), FakeBackend())
     await state.start()  # does not raise
     assert not (tmp_path / "state" / "checkpoint.json").exists()
