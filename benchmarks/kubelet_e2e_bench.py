@@ -269,8 +269,13 @@ def durable_appends(directory: Path, count: int) -> list[float]:
     target = directory / "floor-probe.journal"
     record = json.dumps({"entry": {"devices": [{"device": "gpu-0"}] * 4}, "uid": "x" * 36}).encode() + b"\n"
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def append() -> None:
+        os.write(fd, record)
+        os.fsync(fd)
+
     try:
-        took = [timed(lambda: (os.write(fd, record), os.fsync(fd)))[0] for _ in range(count)]
+        took = [timed(append)[0] for _ in range(count)]
     finally:
         os.close(fd)
         target.unlink()

@@ -504,6 +504,25 @@ class _Action:
         self.done = True
 
 
+class _Stage:
+    """A change made in two records within one write: `started` first, then what `complete` returns.
+
+    `complete` (blocking) runs in the write's worker thread once `started` is written.
+    """
+
+    def __init__(self, uid: str, complete: Callable[[], ClaimEntry]) -> None:
+        self.uid = uid
+        self.complete = complete
+        self.result: ClaimEntry | None = None
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.complete()
+        except Exception as error:  # the owner of the change gets it; the others' changes go on
+            self.error = error
+
+
 @dataclass(frozen=True)
 class _Write:
     """One group commit: the entries at its start, the UIDs changed since the last write, the actions."""
@@ -513,17 +532,21 @@ class _Write:
     changed: Collection[str]
     befores: list[_Action]
     afters: list[_Action]
+    stages: list[_Stage]
     durable: bool
     compact: bool
     """Write a new snapshot, whatever the journal's size (at start, after a failed write)."""
 
 
-def _write_group(path: Path, job: _Write, file: _OpenFile | None, texts: EntryTexts) -> _OpenFile | None:
+def _write_group(
+    path: Path, job: _Write, file: _OpenFile | None, texts: EntryTexts
+) -> tuple[_OpenFile | None, OSError | None]:
     """Run the befores of a group, write its changes less those whose before failed, run the afters.
 
-    Appends the changes to the open file, or compacts: a new snapshot, replacing the file
-    crash-safely, when asked, when the journal outgrew its snapshot, or when the file at `path` is
-    not the one open (replaced or edited by someone else). Raises OSError with `file` untouched.
+    The stages' first records go with the changes (not fsynced), then their `complete` runs and
+    what it returns is written (durably when the group is). Returns the file now open and the
+    write's failure: none of the group's changes is then sure to be on disk (a stage's first
+    record may be), and no after has run.
     """
     entries = job.entries
     for before in job.befores:
@@ -533,20 +556,64 @@ def _write_group(path: Path, job: _Write, file: _OpenFile | None, texts: EntryTe
                 entries.pop(before.uid, None)
             else:
                 entries[before.uid] = before.previous
+    try:
+        file = _write_changes(
+            path,
+            job,
+            entries=entries,
+            changed=job.changed,
+            file=file,
+            durable=job.durable and not job.stages,
+            texts=texts,
+        )
+        if job.stages:
+            for stage in job.stages:
+                stage.run()
+                if stage.result is not None:
+                    entries[stage.uid] = stage.result
+            done = [stage.uid for stage in job.stages if stage.result is not None]
+            file = _write_changes(
+                path,
+                replace(job, compact=False),
+                entries=entries,
+                changed=done,
+                file=file,
+                durable=job.durable,
+                texts=texts,
+            )
+    except OSError as error:
+        return file, error
+    undone = {before.uid for before in job.befores if before.error is not None}
+    for after in job.afters:
+        if after.uid in undone:  # its change was left out: nothing to follow it
+            after.done = True
+        else:
+            after.run()
+    return file, None
+
+
+def _write_changes(
+    path: Path,
+    job: _Write,
+    *,
+    entries: dict[str, ClaimEntry],
+    changed: Collection[str],
+    file: _OpenFile | None,
+    durable: bool,
+    texts: EntryTexts,
+) -> _OpenFile | None:
+    """Append the records of `changed`, or compact: a new snapshot of `entries`, replacing the file
+    crash-safely, when asked, when the journal outgrew its snapshot, or when the file at `path` is
+    not the one open (replaced or edited by someone else). Raises OSError with `file` untouched."""
     if (
         job.compact
         or file is None
         or file.shape.journal_bytes > max(COMPACT_AFTER_BYTES, file.shape.snapshot_bytes)
         or not _still_open(path, file)
     ):
-        written = _compact(path, CheckpointData(job.boot_id, entries), file, job.durable, texts)
-    else:
-        written = _append(
-            path, b"".join(encode_record(u, entries.get(u), texts) for u in job.changed), file, job.durable
-        )
-    for after in job.afters:
-        after.run()
-    return written
+        return _compact(path, CheckpointData(job.boot_id, entries), file, durable, texts)
+    records = b"".join(encode_record(uid, entries.get(uid), texts) for uid in changed)
+    return _append(path, records, file, durable)
 
 
 def _compact(
@@ -606,6 +673,7 @@ class CheckpointStore:
         self._file: _OpenFile | None = None
         self._befores: list[_Action] = []
         self._afters: list[_Action] = []
+        self._stages: list[_Stage] = []
 
     def load(self, entries: Mapping[str, ClaimEntry]) -> None:
         """Replace the in-memory entries (at start, or after reading the file another agent wrote)."""
@@ -687,9 +755,39 @@ class CheckpointStore:
         if pending.error is not None:
             raise pending.error
 
-    async def remove(self, uid: str, *, after: Callable[[], None] | None = None) -> None:
+    async def put_staged(self, started: ClaimEntry, complete: Callable[[], ClaimEntry]) -> ClaimEntry:
+        """Put `started`, run `complete` (blocking) and put what it returns, durably: one write, one hop.
+
+        In the worker thread of one group commit: the record of `started` is written (not fsynced),
+        then `complete` runs, then the entry it returns is written and fsynced. Returns that entry.
+        On any failure, what `complete` raised or `CheckpointWriteError`, `started` stays in memory
+        (and maybe on disk): the caller rolls back what `complete` may have done and removes it.
+        """
+        self._set(started.uid, started)
+        stage = _Stage(started.uid, complete)
+        self._stages.append(stage)
+        try:
+            await self._commit(lambda: None)
+        finally:
+            if stage in self._stages:  # cancelled before a write took it
+                self._stages.remove(stage)
+        if stage.error is not None:
+            raise stage.error
+        if stage.result is None:  # cancelled before a write took it
+            raise CheckpointWriteError(f"the checkpoint write of claim {started.uid} was cancelled")
+        return stage.result
+
+    async def remove(
+        self,
+        uid: str,
+        *,
+        before: Callable[[], None] | None = None,
+        after: Callable[[], None] | None = None,
+    ) -> None:
         """Drop an entry durably (no-op when absent); raises `CheckpointWriteError` (memory reverted).
 
+        `before` (blocking) runs in the worker thread of the write that first carries the removal,
+        before that write; what it raises is raised here and the entry is kept (memory and file).
         `after` (blocking) runs in the worker thread of the durable write that drops the entry,
         once that write is on disk; what it raises is raised here (the entry stays dropped).
         """
@@ -697,18 +795,26 @@ class CheckpointStore:
             return
         previous = self._entries[uid]
         self._set(uid, None)
-        if after is None:
-            await self._commit(lambda: self._restore(uid, previous))
-            return
-        pending = _Action(uid, previous, after)
-        self._afters.append(pending)
+        first = _Action(uid, previous, before) if before is not None else None
+        last = _Action(uid, previous, after) if after is not None else None
+        if first is not None:
+            self._befores.append(first)
+        if last is not None:
+            self._afters.append(last)
         try:
             await self._commit(lambda: self._restore(uid, previous))
+        except CheckpointWriteError:
+            if first is None or first.error is None:
+                raise  # else the action's failure is the one to report
         finally:
-            if pending in self._afters:  # failed or cancelled before a write took it
-                self._afters.remove(pending)
-        if pending.error is not None:
-            raise pending.error
+            if first is not None and first in self._befores:  # cancelled before a write took it
+                self._befores.remove(first)
+                self._restore(uid, previous)
+            if last is not None and last in self._afters:  # failed or cancelled before a write took it
+                self._afters.remove(last)
+        for action in (first, last):
+            if action is not None and action.error is not None:
+                raise action.error
 
     async def flush(self) -> None:
         """Write the current entries as a new snapshot (at start: records the new boot ID)."""
@@ -755,31 +861,50 @@ class CheckpointStore:
                 afters: list[_Action] = []
                 if durable:  # an after waits for its change to be durable
                     afters, self._afters = self._afters, []
+                stages, self._stages = self._stages, []
+                durable = durable or bool(stages)
                 job = _Write(
-                    self.boot_id, dict(self._entries), self._changed, befores, afters, durable, self._compact
+                    self.boot_id,
+                    dict(self._entries),
+                    self._changed,
+                    befores,
+                    afters,
+                    stages,
+                    durable,
+                    self._compact,
                 )
                 self._changed = {}
+                failed: OSError | None = None
                 try:
-                    self._file = await anyio.to_thread.run_sync(
+                    self._file, failed = await anyio.to_thread.run_sync(
                         _write_group, self.path, job, self._file, self._texts
                     )
-                    self._compact = False
-                except OSError:
-                    self._compact = True  # memory is undone below: only a new snapshot is sure to match
-                    raise
                 finally:
                     for before in befores:
                         if before.error is not None:
                             self._restore(before.uid, before.previous)
+                    for stage in stages:
+                        if failed is not None and stage.error is None:  # started stays; the owner rolls back
+                            stage.error = self._write_error(failed)
+                        elif stage.result is not None:
+                            self._set(stage.uid, stage.result)
+                            self._changed.pop(stage.uid, None)  # on disk already
                     # The write failed: the afters wait for the next durable write (their owners retry).
                     self._afters.extend(a for a in afters if not a.done)
+                if failed is not None:
+                    self._compact = True  # memory is undone below: only a new snapshot is sure to match
+                    raise failed
+                self._compact = False
                 self._written = covered
                 if durable:
                     self._synced = covered
         except OSError as error:
             # No await between the failed write and the undo: no other write sees our change.
             undo()
-            raise CheckpointWriteError(
-                f"cannot write the checkpoint {self.path}: {error.strerror or error}; "
-                "free space on the node's disk (the previous checkpoint is intact)"
-            ) from error
+            raise self._write_error(error) from error
+
+    def _write_error(self, error: OSError) -> CheckpointWriteError:
+        return CheckpointWriteError(
+            f"cannot write the checkpoint {self.path}: {error.strerror or error}; "
+            "free space on the node's disk (the previous checkpoint is intact)"
+        )

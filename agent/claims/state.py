@@ -48,7 +48,7 @@ from agent.claims.reader import (
     parse_device_configs,
 )
 from agent.claims.recovery import rebuild_from_specs
-from agent.core.backend import Backend, ClaimRef, ContainerEdits
+from agent.core.backend import Backend, ClaimRef, ContainerEdits, PlansPrepare, PreparePlan, UnpreparePlan
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ClaimRequestError, DeviceNotFoundError, KubeApiError
 from agent.core.logs import log_fields
@@ -178,6 +178,7 @@ class DeviceState:
         self.backend = backend
         # A runtime Protocol check costs ~25 us: once here instead of per device and call.
         self._sharing = backend if isinstance(backend, SharingBackend) else None
+        self._planner = backend if isinstance(backend, PlansPrepare) else None
         self.claims = claims
         self.node_name = node_name
         self.cdi = CdiSpecWriter(cdi_root, driver)
@@ -339,7 +340,6 @@ class DeviceState:
                     )
                     existing = await self._refresh(ref, existing)
                 return self._result(existing)
-            self._step(Step.PREPARE_BEFORE_CHECKPOINT_START, ref.uid)
             entry = ClaimEntry(
                 uid=ref.uid,
                 namespace=ref.namespace,
@@ -357,6 +357,10 @@ class DeviceState:
                     for d in allocated.devices
                 ),
             )
+            plans = self._plans(ref, entry.devices)
+            self._step(Step.PREPARE_BEFORE_CHECKPOINT_START, ref.uid)
+            if plans is not None:
+                return self._result(await self._prepare_planned(ref, entry, plans))
             try:
                 # Not fsynced: it guards the CDI tmpfs and device state, which a power loss resets.
                 await self.store.put(entry, durable=False)
@@ -373,6 +377,80 @@ class DeviceState:
                 raise
             self._step(Step.PREPARE_AFTER_PREPARE_COMPLETED, ref.uid)
             return self._result(completed)
+
+    async def _prepare_planned(
+        self, ref: ClaimRef, entry: ClaimEntry, plans: Sequence[PreparePlan]
+    ) -> ClaimEntry:
+        """PrepareStarted, backend, CDI spec and PrepareCompleted of `_prepare_claim` in one thread hop."""
+
+        def complete() -> ClaimEntry:  # in the checkpoint write's worker thread, PrepareStarted written
+            self._step(Step.PREPARE_AFTER_PREPARE_STARTED, ref.uid)
+            edits = [
+                self._run_plan(ref, device, plan) for device, plan in zip(entry.devices, plans, strict=True)
+            ]
+            self._step(Step.PREPARE_AFTER_BACKEND_PREPARE, ref.uid)
+            completed, cdi_devices, record = self._completed(ref, entry, edits)
+            try:
+                self.cdi.write_claim_spec(ref.uid, cdi_devices, record)
+            except OSError as error:
+                raise self._spec_failure(ref, error) from error
+            self._step(Step.PREPARE_AFTER_CDI_WRITE, ref.uid)
+            return completed
+
+        try:
+            completed = await self.store.put_staged(entry, complete)
+        except CheckpointWriteError as error:
+            await self._rollback(ref, entry)
+            raise _ClaimFailure(f"prepare claim {claim_key(ref)}: {error}", "checkpoint") from error
+        except BaseException:
+            await self._rollback(ref, entry)
+            raise
+        self._step(Step.PREPARE_AFTER_PREPARE_COMPLETED, ref.uid)
+        return completed
+
+    def _plans(self, ref: ClaimRef, devices: Sequence[CheckpointDevice]) -> list[PreparePlan] | None:
+        """The backend's blocking prepare of every device (`PlansPrepare`), or None: the async path.
+
+        Only exclusive devices without configuration and without another claim on them: shares
+        and their set-up go through the backend's own calls, and their conflict checks with it.
+        """
+        if self._planner is None or not all(self._exclusive(ref, d) for d in devices):
+            return None
+        plans = []
+        for device in devices:
+            try:
+                plan = self._planner.plan_prepare(device.device, ref)
+            except Exception as error:
+                raise self._backend_failure(ref, device, error) from error
+            if plan is None:
+                return None
+            plans.append(plan)
+        return plans
+
+    def _exclusive(self, ref: ClaimRef, device: CheckpointDevice) -> bool:
+        if device.share_id is not None or device.config is not None or device.consumed:
+            return False
+        return all(e.uid == ref.uid for e in self.store.holders(device.device))
+
+    def _run_plan(self, ref: ClaimRef, device: CheckpointDevice, plan: PreparePlan) -> ContainerEdits:
+        try:
+            return plan()
+        except Exception as error:
+            raise self._backend_failure(ref, device, error) from error
+
+    def _backend_failure(self, ref: ClaimRef, device: CheckpointDevice, error: Exception) -> _ClaimFailure:
+        """The claim failure of a backend's prepare of `device` that raised `error`."""
+        if isinstance(error, DeviceConfigError | ShareConflictError):
+            reason = "config" if isinstance(error, DeviceConfigError) else "share_conflict"
+            return _ClaimFailure(str(error), reason)
+        if isinstance(error, DeviceNotFoundError):
+            return _ClaimFailure(
+                f"prepare claim {claim_key(ref)}: unknown device {device.device!r}: {error}", "unknown_device"
+            )
+        return _ClaimFailure(
+            f"prepare device {device.device!r} of claim {claim_key(ref)}: backend failed: {error!r}",
+            "backend",
+        )
 
     async def _prepare_devices(self, ref: ClaimRef, entry: ClaimEntry) -> ClaimEntry:
         """Backend prepare, CDI spec, checkpoint completed; raises `_ClaimFailure` (caller rolls back)."""
@@ -420,19 +498,8 @@ class DeviceState:
                         edits.append(await self._sharing.prepare_share(share, peers))
                 else:
                     edits.append(await self.backend.prepare(device.device, ref))
-            except (DeviceConfigError, ShareConflictError) as error:
-                reason = "config" if isinstance(error, DeviceConfigError) else "share_conflict"
-                raise _ClaimFailure(str(error), reason) from error
-            except DeviceNotFoundError as error:
-                raise _ClaimFailure(
-                    f"prepare claim {claim_key(ref)}: unknown device {device.device!r}: {error}",
-                    "unknown_device",
-                ) from error
             except Exception as error:
-                raise _ClaimFailure(
-                    f"prepare device {device.device!r} of claim {claim_key(ref)}: backend failed: {error!r}",
-                    "backend",
-                ) from error
+                raise self._backend_failure(ref, device, error) from error
         return edits
 
     def _completed(
@@ -606,16 +673,25 @@ class DeviceState:
                 return
             owner = ClaimRef(entry.namespace, entry.name, entry.uid)
             self._step(Step.UNPREPARE_BEFORE_BACKEND_UNPREPARE, ref.uid)
-            for index in reversed(range(len(entry.devices))):
-                device = entry.devices[index]
-                try:
-                    await self._backend_unprepare(owner, entry, index)
-                except Exception as error:
-                    # Keep the entry: the kubelet retries unprepare and we redo it.
-                    raise _ClaimFailure(
-                        f"unprepare device {device.device!r} of claim {claim_key(ref)}: {error}", "backend"
-                    ) from error
-            self._step(Step.UNPREPARE_AFTER_BACKEND_UNPREPARE, ref.uid)
+            plans = self._unprepare_plans(owner, entry)
+            release = None
+            if plans is None:
+                for index in reversed(range(len(entry.devices))):
+                    try:
+                        await self._backend_unprepare(owner, entry, index)
+                    except Exception as error:
+                        # Keep the entry: the kubelet retries unprepare and we redo it.
+                        raise self._unprepare_failure(ref, entry.devices[index], error) from error
+                self._step(Step.UNPREPARE_AFTER_BACKEND_UNPREPARE, ref.uid)
+            else:
+
+                def release() -> None:  # in the checkpoint write's worker thread, before the entry is dropped
+                    for device, plan in reversed(list(zip(entry.devices, plans, strict=True))):
+                        try:
+                            plan()
+                        except Exception as error:
+                            raise self._unprepare_failure(ref, device, error) from error
+                    self._step(Step.UNPREPARE_AFTER_BACKEND_UNPREPARE, ref.uid)
 
             def remove_spec() -> None:  # in the checkpoint write's worker thread, once it is durable
                 self._step(Step.UNPREPARE_AFTER_CHECKPOINT_REMOVE, ref.uid)
@@ -623,7 +699,7 @@ class DeviceState:
                 self._step(Step.UNPREPARE_AFTER_CDI_REMOVE, ref.uid)
 
             try:
-                await self.store.remove(ref.uid, after=remove_spec)
+                await self.store.remove(ref.uid, before=release, after=remove_spec)
             except CheckpointWriteError as error:
                 # The entry and its spec stay (the kubelet retries); a prepare meanwhile redoes the backend.
                 self._released.add(ref.uid)
@@ -636,6 +712,23 @@ class DeviceState:
                     "cdi",
                 ) from error
             self._released.discard(ref.uid)
+
+    def _unprepare_plans(self, ref: ClaimRef, entry: ClaimEntry) -> list[UnpreparePlan] | None:
+        """The backend's blocking unprepare of every device (`PlansPrepare`), or None: the async path."""
+        if self._planner is None or not all(self._exclusive(ref, d) for d in entry.devices):
+            return None
+        plans = []
+        for device in entry.devices:
+            plan = self._planner.plan_unprepare(device.device, ref)
+            if plan is None:
+                return None
+            plans.append(plan)
+        return plans
+
+    def _unprepare_failure(self, ref: ClaimRef, device: CheckpointDevice, error: Exception) -> _ClaimFailure:
+        return _ClaimFailure(
+            f"unprepare device {device.device!r} of claim {claim_key(ref)}: {error}", "backend"
+        )
 
     # ----------------------------------------------------------------- start-up reconcile
 

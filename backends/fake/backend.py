@@ -22,6 +22,7 @@ Prepare fault injection (backend settings, all optional):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import math
@@ -32,7 +33,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -44,6 +45,8 @@ from agent.core.backend import (
     HealthEvent,
     HealthSink,
     Mount,
+    PreparePlan,
+    UnpreparePlan,
     report_alive,
 )
 from agent.core.clock import Clock, SystemClock
@@ -116,6 +119,10 @@ class ActiveFault:
     kind: ConditionKind
     since: float
     count: int = 1
+
+
+def _nothing() -> None:
+    """The unprepare of a device without a device file: memory only, done at planning."""
 
 
 class FakeBackend:
@@ -266,6 +273,60 @@ class FakeBackend:
             return self.prepared[key]
         if self._faults.latency > 0:
             await self._clock.sleep(self._faults.latency)
+        self._check_injected_failure(device)
+        if self._partitions is not None and device in self._partitions.placements:
+            self._partitions.create(device, claim.uid)
+        mounts: tuple[Mount, ...] = ()
+        if self._device_files is not None:
+            path = devicefile.host_path(self._device_files, claim, device)
+            document = devicefile.describe(found, self._vendor, claim)
+            await anyio.to_thread.run_sync(self._write_device_file, path, document)
+            mounts = (Mount(str(path), devicefile.container_path(self._driver, device)),)
+        edits = self._edits(found, mounts)
+        self.prepared[key] = edits
+        return edits
+
+    def plan_prepare(self, device: str, claim: ClaimRef) -> PreparePlan | None:
+        """`prepare` as a check and the device file's write (`PlansPrepare`); None with latency or MIG."""
+        found = self._devices.get(device)
+        if found is None or device in self.lost:
+            raise DeviceNotFoundError(self._driver, device)
+        key = (claim.uid, device)
+        done = self.prepared.get(key)
+        if done is not None:
+            return lambda: done
+        if self._faults.latency > 0 or (
+            self._partitions is not None and device in self._partitions.placements
+        ):
+            return None
+        self._check_injected_failure(device)
+        if self._device_files is None:
+            edits = self._edits(found, ())
+            self.prepared[key] = edits
+            return lambda: edits
+        path = devicefile.host_path(self._device_files, claim, device)
+        document = devicefile.describe(found, self._vendor, claim)
+        edits = self._edits(found, (Mount(str(path), devicefile.container_path(self._driver, device)),))
+        # Recorded now, on the event loop: a write that fails is rolled back through `unprepare`.
+        self.prepared[key] = edits
+
+        def write() -> ContainerEdits:
+            self._write_device_file(path, document)
+            return edits
+
+        return write
+
+    def plan_unprepare(self, device: str, claim: ClaimRef) -> UnpreparePlan | None:
+        """`unprepare` as the device file's removal (`PlansPrepare`); None with dynamic MIG."""
+        if self._partitions is not None:
+            return None
+        self.prepared.pop((claim.uid, device), None)
+        root = self._device_files
+        if root is None:
+            return _nothing
+        return functools.partial(self._remove_device_file, root, claim, device)
+
+    def _check_injected_failure(self, device: str) -> None:
         if (
             self._faults.fail_all
             or device in self._faults.fail_devices
@@ -275,40 +336,32 @@ class FakeBackend:
                 f"fake backend {self._driver}: injected prepare failure for device {device!r} "
                 "(backend settings prepare_fail / prepare_fail_rate)"
             )
-        if self._partitions is not None and device in self._partitions.placements:
-            self._partitions.create(device, claim.uid)
-        mounts: tuple[Mount, ...] = ()
-        if self._device_files is not None:
-            path = devicefile.host_path(self._device_files, claim, device)
-            document = devicefile.describe(found, self._vendor, claim)
-            try:
-                await anyio.to_thread.run_sync(devicefile.write_device_file, path, document)
-            except OSError as error:
-                raise BackendError(
-                    f"fake backend {self._driver}: cannot write the device file {path}: {error}: "
-                    "check the agent's state directory, or set the fake backend's device_files "
-                    "to a writable host directory (or off)"
-                ) from error
-            mounts = (Mount(str(path), devicefile.container_path(self._driver, device)),)
-        edits = self._edits(found, mounts)
-        self.prepared[key] = edits
-        return edits
+
+    def _write_device_file(self, path: Path, document: dict[str, Any]) -> None:
+        try:
+            devicefile.write_device_file(path, document)
+        except OSError as error:
+            raise BackendError(
+                f"fake backend {self._driver}: cannot write the device file {path}: {error}: "
+                "check the agent's state directory, or set the fake backend's device_files "
+                "to a writable host directory (or off)"
+            ) from error
+
+    def _remove_device_file(self, root: Path, claim: ClaimRef, device: str) -> None:
+        try:
+            devicefile.remove_device_file(root, claim, device)
+        except OSError as error:
+            raise BackendError(
+                f"fake backend {self._driver}: cannot remove the device file "
+                f"{devicefile.host_path(root, claim, device)}: {error}: check the agent's state directory"
+            ) from error
 
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
         if self._partitions is not None:
             self._partitions.destroy(device, claim.uid)
         self.prepared.pop((claim.uid, device), None)
         if self._device_files is not None:
-            path = devicefile.host_path(self._device_files, claim, device)
-            try:
-                await anyio.to_thread.run_sync(
-                    devicefile.remove_device_file, self._device_files, claim, device
-                )
-            except OSError as error:
-                raise BackendError(
-                    f"fake backend {self._driver}: cannot remove the device file {path}: {error}: "
-                    "check the agent's state directory"
-                ) from error
+            await anyio.to_thread.run_sync(self._remove_device_file, self._device_files, claim, device)
 
     async def _nv_sharing(self) -> NvSharingManager | None:
         """The NVIDIA sharing manager (None for other vendors), set up at its first use."""

@@ -4,7 +4,8 @@
         [--boot-id ID] [UID ...]
 
 ROOT holds ``claims.json`` (the API server's claims, a list of v1 dicts), ``backend.json`` (the
-file-backed fake backend's prepared devices), ``state/`` and ``cdi/``. ``--sharing`` uses the real
+file-backed fake backend's prepared devices; ``--planned``: a backend that plans, whose prepare
+runs in the checkpoint's hop), ``state/`` and ``cdi/``. ``--sharing`` uses the real
 fake backend instead (profile nvidia-a100-8x, consumable-shares=memory, driver gpu.nvidia.com):
 its time-slicing record and MPS daemons live under ``state/``. OP is ``start`` (start-up
 reconcile only), ``prepare`` or ``unprepare`` (after start) of the given claim UIDs. When a claim
@@ -58,7 +59,7 @@ class CrashInGroupWrite:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from agent.claims.state import DeviceState
     from agent.core.backend import ClaimRef
-    from tests.kubelet.fakes import DRIVER, NODE, FakeClaimSource, FileBackend
+    from tests.kubelet.fakes import DRIVER, NODE, FakeClaimSource, FileBackend, PlanningFileBackend
 
     if args.crash_in_group_write:
         import agent.claims.checkpoint
@@ -68,7 +69,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     root = Path(args.root)
     claims = json.loads((root / "claims.json").read_text())
-    driver, backend = DRIVER, FileBackend(root / "backend.json")
+    backend_class = PlanningFileBackend if args.planned else FileBackend
+    driver, backend = DRIVER, backend_class(root / "backend.json")
     if args.sharing:
         from agent.core.backend import BackendOptions
         from backends.fake import create_backend
@@ -112,6 +114,7 @@ def main() -> None:
     parser.add_argument("--crash-in-group-write", type=int, default=0)
     parser.add_argument("--boot-id", default="boot-1")
     parser.add_argument("--sharing", action="store_true")
+    parser.add_argument("--planned", action="store_true", help="a backend that plans (one-hop prepare)")
     args = parser.parse_args()
 
     import anyio

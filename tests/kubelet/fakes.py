@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,6 +187,69 @@ class FileBackend(FakeBackend):
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
         await super().unprepare(device, claim)
         self._save()
+
+
+class PlanningBackend(FakeBackend):
+    """A FakeBackend that also plans (`agent.core.backend.PlansPrepare`): its prepare's work runs
+    in the core's checkpoint hop. `fail_plan` fails the check; `fail_prepare`/`fail_unprepare` the work."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fail_plan: set[str] = set()
+        self.planned: list[tuple[str, str]] = []
+        """(operation, device) of every plan run."""
+
+    def plan_prepare(self, device: str, claim: ClaimRef) -> Callable[[], ContainerEdits] | None:
+        if device not in self.devices:
+            raise DeviceNotFoundError(self.driver, device)
+        if device in self.fail_plan:
+            raise BackendError(f"fake backend: {device} refused at planning")
+        if self.delay:
+            return None  # waiting: the async path
+
+        def work() -> ContainerEdits:
+            self.planned.append(("prepare", device))
+            if device in self.fail_prepare:
+                raise BackendError(f"fake backend: cannot prepare {device}: device busy; retry later")
+            self.prepared.setdefault(claim.uid, set()).add(device)
+            self._save()
+            edits = default_edits(device)
+            return ContainerEdits(
+                device_nodes=edits.device_nodes,
+                env=edits.env,
+                list_env=edits.list_env,
+                cdi_device_ids=self.extra_cdi_ids,
+            )
+
+        return work
+
+    def plan_unprepare(self, device: str, claim: ClaimRef) -> Callable[[], None] | None:
+        def work() -> None:
+            self.planned.append(("unprepare", device))
+            if device in self.fail_unprepare:
+                raise BackendError(f"fake backend: cannot unprepare {device}: device busy; retry later")
+            held = self.prepared.get(claim.uid, set())
+            held.discard(device)
+            if not held:
+                self.prepared.pop(claim.uid, None)
+            self._save()
+
+        return work
+
+    def _save(self) -> None:
+        """Nothing to persist (`PlanningFileBackend` writes its file)."""
+
+
+class PlanningFileBackend(PlanningBackend, FileBackend):
+    """A PlanningBackend whose prepared devices persist in a JSON file (crash tests of the one-hop path)."""
+
+    def __init__(self, path: Path, **kwargs: Any) -> None:
+        FileBackend.__init__(self, path, **kwargs)
+        self.fail_plan = set()
+        self.planned = []
+
+    def _save(self) -> None:
+        FileBackend._save(self)
 
 
 @dataclass

@@ -39,8 +39,11 @@ def harness(
     boot: str = "boot-1",
     uids: tuple[str, ...] = (U1, U2),
     crash_in_group_write: int = 0,
+    planned: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     args = [sys.executable, str(HARNESS), str(root), op, *uids, "--boot-id", boot]
+    if planned:
+        args.append("--planned")
     if crash_at is not None:
         args += ["--crash-at", crash_at.value]
     if crash_in_group_write:
@@ -80,10 +83,15 @@ def check_invariants(root: Path, backend: FileBackend, *, backend_matches: bool)
     return entries
 
 
+PATHS = pytest.mark.parametrize("planned", [False, True], ids=["hops", "planned"])
+"""Both prepare paths: a hop per step, and a backend that plans (every step in one hop)."""
+
+
+@PATHS
 @pytest.mark.parametrize("step", PREPARE_STEPS, ids=lambda s: s.value)
-async def test_kill_during_prepare(tmp_path: Path, step: Step) -> None:
+async def test_kill_during_prepare(tmp_path: Path, step: Step, planned: bool) -> None:
     root = setup_root(tmp_path)
-    crashed = harness(root, "prepare", crash_at=step)
+    crashed = harness(root, "prepare", crash_at=step, planned=planned)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
 
     state, backend = agent(root)
@@ -98,14 +106,15 @@ async def test_kill_during_prepare(tmp_path: Path, step: Step) -> None:
     assert check_invariants(root, backend, backend_matches=True) == {}
 
 
+@PATHS
 @pytest.mark.parametrize("step", UNPREPARE_STEPS, ids=lambda s: s.value)
-async def test_kill_during_unprepare(tmp_path: Path, step: Step) -> None:
+async def test_kill_during_unprepare(tmp_path: Path, step: Step, planned: bool) -> None:
     root = setup_root(tmp_path)
     state, _ = agent(root)
     await state.start()
     await state.prepare(REFS)
 
-    crashed = harness(root, "unprepare", crash_at=step)
+    crashed = harness(root, "unprepare", crash_at=step, planned=planned)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
 
     state, backend = agent(root)
@@ -158,8 +167,9 @@ MANY = [make_claim(f"{i}a2e-1111-4222-8333-444455556666", devices=(f"gpu-{i}",))
 MANY_UIDS = tuple(c["metadata"]["uid"] for c in MANY)
 
 
+@PATHS
 @pytest.mark.parametrize(("op", "k"), [("prepare", 1), ("prepare", 2), ("unprepare", 1)])
-async def test_kill_in_the_middle_of_a_group_commit(tmp_path: Path, op: str, k: int) -> None:
+async def test_kill_in_the_middle_of_a_group_commit(tmp_path: Path, op: str, k: int, planned: bool) -> None:
     """Six claims in one call share checkpoint writes; kill -9 while one such append is half done.
 
     A prepare makes two group commits (PrepareStarted, PrepareCompleted), an unprepare one.
@@ -170,7 +180,7 @@ async def test_kill_in_the_middle_of_a_group_commit(tmp_path: Path, op: str, k: 
         state, _ = agent(root, claims=MANY)
         await state.start()
         assert {r.error for r in (await state.prepare(refs)).values()} == {""}
-    crashed = harness(root, op, uids=MANY_UIDS, crash_in_group_write=k)
+    crashed = harness(root, op, uids=MANY_UIDS, crash_in_group_write=k, planned=planned)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr or crashed.stdout
 
     state, backend = agent(root, claims=MANY)
