@@ -202,6 +202,10 @@ UnpreparePlan = Callable[[], None]
 """The blocking rest of a device's unprepare."""
 
 
+def nothing_to_undo() -> None:
+    """The `UnpreparePlan` of a device whose prepare changed nothing outside the backend's memory."""
+
+
 @runtime_checkable
 class PlansPrepare(Protocol):
     """Optional for a `Backend`: a prepare and unprepare split into a check on the event loop and

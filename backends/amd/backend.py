@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -9,7 +10,16 @@ from typing import Any
 
 import anyio
 
-from agent.core.backend import BackendOptions, ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink
+from agent.core.backend import (
+    BackendOptions,
+    ClaimRef,
+    ContainerEdits,
+    DeviceTelemetry,
+    HealthSink,
+    PreparePlan,
+    UnpreparePlan,
+    nothing_to_undo,
+)
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
@@ -18,7 +28,7 @@ from agent.core.sharing import ConsumableShares, DeviceShare
 from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT, STOP_TIMEOUT
 from backends.amd.discovery import DEFAULT_DRIVER_NAME, Discovery, Sysfs, build_devices, read_processors
 from backends.amd.eccstate import ECC_STATE_FILE, boot_id, load_ecc_counts, save_ecc_counts
-from backends.amd.edits import StatFn, container_edits
+from backends.amd.edits import StatFn, container_edits, read_edits
 from backends.amd.health import CONDITIONS, EccCounts, HealthMemory, HealthMonitor, HealthSettings
 from backends.amd.sharingconfig import check_shares
 from backends.amd.smi import SmiLibrary, check_module, describe, handle_key, import_amdsmi, init_error
@@ -224,6 +234,17 @@ class AmdBackend:
         if entry is None:
             raise DeviceNotFoundError(self._driver, device)
         return await container_edits(self._dev_root, entry.card, entry.render, self._stat)
+
+    def plan_prepare(self, device: str, claim: ClaimRef) -> PreparePlan | None:
+        """`prepare` as the core's blocking work (`PlansPrepare`): the device nodes read in its hop."""
+        entry = self._discovery.entries.get(device)
+        if entry is None:
+            raise DeviceNotFoundError(self._driver, device)
+        return functools.partial(read_edits, self._dev_root, entry.card, entry.render, self._stat)
+
+    def plan_unprepare(self, device: str, claim: ClaimRef) -> UnpreparePlan | None:
+        """Nothing to undo."""
+        return nothing_to_undo
 
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
         """Nothing to undo: preparing only reads device nodes."""

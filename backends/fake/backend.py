@@ -47,6 +47,7 @@ from agent.core.backend import (
     Mount,
     PreparePlan,
     UnpreparePlan,
+    nothing_to_undo,
     report_alive,
 )
 from agent.core.clock import Clock, SystemClock
@@ -119,10 +120,6 @@ class ActiveFault:
     kind: ConditionKind
     since: float
     count: int = 1
-
-
-def _nothing() -> None:
-    """The unprepare of a device without a device file: memory only, done at planning."""
 
 
 class FakeBackend:
@@ -323,7 +320,7 @@ class FakeBackend:
         self.prepared.pop((claim.uid, device), None)
         root = self._device_files
         if root is None:
-            return _nothing
+            return nothing_to_undo
         return functools.partial(self._remove_device_file, root, claim, device)
 
     def _check_injected_failure(self, device: str) -> None:

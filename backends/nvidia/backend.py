@@ -13,7 +13,16 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from agent.core.backend import BackendOptions, ClaimRef, ContainerEdits, DeviceTelemetry, HealthSink
+from agent.core.backend import (
+    BackendOptions,
+    ClaimRef,
+    ContainerEdits,
+    DeviceTelemetry,
+    HealthSink,
+    PreparePlan,
+    UnpreparePlan,
+    nothing_to_undo,
+)
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
 from agent.core.logs import log_fields
@@ -361,8 +370,44 @@ class NvidiaBackend:
         else:
             edits = await self._edits_for(nv)
         self._prepared[key] = edits
-        log.info("prepared device", extra=log_fields(device=device, claim=claim.uid, mode=self._active_mode))
+        self._log_prepared(device, claim)
         return edits
+
+    def plan_prepare(self, device: str, claim: ClaimRef) -> PreparePlan | None:
+        """`prepare` of a whole GPU or static MIG device: file reads only, run in the core's hop.
+
+        None (the async `prepare`) before the first discovery and for a dynamic MIG placement,
+        which creates the MIG device through NVML.
+        """
+        self._lib()
+        if not self._discovered:
+            return None
+        key = (claim.uid, device)
+        done = self._prepared.get(key)
+        if done is not None:
+            return lambda: done
+        nv = self._device(device)
+        if self._dynamic is not None and device in self._dynamic.placements:
+            return None
+
+        def edits() -> ContainerEdits:
+            found = self._edits_sync(nv)
+            self._prepared[key] = found
+            self._log_prepared(device, claim)
+            return found
+
+        return edits
+
+    def plan_unprepare(self, device: str, claim: ClaimRef) -> UnpreparePlan | None:
+        """Nothing to undo on the GPU but with dynamic MIG (then None: the async `unprepare`)."""
+        if self._dynamic is not None:
+            return None
+        self._prepared.pop((claim.uid, device), None)
+        return nothing_to_undo
+
+    def _log_prepared(self, device: str, claim: ClaimRef) -> None:
+        # Per call at debug: dra_agent_claim_operations_total counts the prepares.
+        log.debug("prepared device", extra=log_fields(device=device, claim=claim.uid, mode=self._active_mode))
 
     async def _created_edits(self, nv: NvDevice) -> ContainerEdits:
         """Edits of a MIG device just created: its capability nodes may not exist yet (we make them)."""
@@ -380,16 +425,20 @@ class NvidiaBackend:
         return await self._edits_for(nv)
 
     async def _edits_for(self, nv: NvDevice) -> ContainerEdits:
-        mode = await self._mode_for(nv)
-        if mode == TOOLKIT:
-            return toolkit_edits(nv)
-        return await anyio.to_thread.run_sync(own_edits, nv, self._edits, self._files)
+        return await anyio.to_thread.run_sync(self._edits_sync, nv)
 
-    async def _mode_for(self, device: NvDevice) -> str:
-        """The mode that serves `device` now: the toolkit's spec is checked at every prepare."""
+    def _edits_sync(self, nv: NvDevice) -> ContainerEdits:
+        """The edits of `nv` in the mode that serves it now (blocking: reads the toolkit's spec and
+        the driver's files)."""
+        if self._mode_for(nv) == TOOLKIT:
+            return toolkit_edits(nv)
+        return own_edits(nv, self._edits, self._files)
+
+    def _mode_for(self, device: NvDevice) -> str:
+        """The mode that serves `device` now: the toolkit's spec is checked at every prepare (blocking)."""
         if self._edits.mode == OWN:
             return OWN
-        toolkit = await anyio.to_thread.run_sync(self._toolkit.read)
+        toolkit = self._toolkit.read()
         reason = toolkit.why_not(device.uuid)
         if self._edits.mode == TOOLKIT and reason:
             raise BackendError(

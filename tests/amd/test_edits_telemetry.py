@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.core.backend import ClaimRef, DeviceNode
-from agent.core.errors import BackendError
+from agent.core.backend import ClaimRef, DeviceNode, PlansPrepare, nothing_to_undo
+from agent.core.errors import BackendError, DeviceNotFoundError
 from backends.amd.edits import read_edits
 from tests.amd.conftest import MakeBackend
 from tests.fakes.fake_amdsmi import mi210, mi300x
@@ -70,6 +70,26 @@ async def test_prepare_reads_device_nodes_each_time(make_backend: MakeBackend) -
     assert again.device_nodes[2].minor == 131
     await backend.unprepare("gpu-3-130", CLAIM)
     await backend.unprepare("gpu-9-9", CLAIM)  # never prepared: fine
+    await backend.stop()
+
+
+async def test_a_planned_prepare_reads_the_nodes_in_the_cores_hop(make_backend: MakeBackend) -> None:
+    """`agent.core.backend.PlansPrepare`: the same edits, read when the plan runs (not at planning)."""
+    dev = amd_dev("/host/dev", 3, 130)
+    backend, _ = make_backend(
+        mi300x("cpx_nps4", count=1),
+        settings={"sysfs-root": "/dev/null", "dev-root": "/host/dev"},
+        stat_fn=dev,
+    )
+    await backend.start()
+    await backend.discover()
+    assert isinstance(backend, PlansPrepare)
+    plan = backend.plan_prepare("gpu-3-130", CLAIM)
+    assert plan is not None and dev.calls == []
+    assert plan() == await backend.prepare("gpu-3-130", CLAIM)
+    assert backend.plan_unprepare("gpu-3-130", CLAIM) is nothing_to_undo
+    with pytest.raises(DeviceNotFoundError, match="gpu-9-9"):
+        backend.plan_prepare("gpu-9-9", CLAIM)
     await backend.stop()
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from agent.claims.cdi import CdiDevice, build_claim_spec
-from agent.core.backend import ClaimRef
-from agent.core.errors import BackendError
+from agent.core.backend import ClaimRef, PlansPrepare, nothing_to_undo
+from agent.core.errors import BackendError, DeviceNotFoundError
 from backends.nvidia.driverfiles import HostView
 from backends.nvidia.toolkitspec import ToolkitSpecReader
 from tests.fakes.fake_pynvml import FakeNvml
@@ -243,3 +243,42 @@ async def test_the_hosts_var_run_symlink_is_followed_inside_the_host_root(
     edits = await backend.prepare("gpu-2", CLAIM)
     await backend.stop()
     assert edits.cdi_device_ids == (f"nvidia.com/gpu={H100}",)
+
+
+@pytest.mark.parametrize("toolkit", [True, False], ids=["toolkit-spec", "own-edits"])
+async def test_a_planned_prepare_gives_the_edits_of_prepare(
+    make_backend: BackendFactory, fake: FakeNvml, host: Path, *, toolkit: bool
+) -> None:
+    """The core runs the plan in its checkpoint's worker thread (`agent.core.backend.PlansPrepare`)."""
+    if toolkit:
+        write_toolkit_spec(host / "var/run/cdi", ALL_UUIDS)
+    backend = make_backend(fake)
+    assert isinstance(backend, PlansPrepare)
+    await backend.start()
+    assert backend.plan_prepare("gpu-2", CLAIM) is None  # not discovered yet: the async prepare
+    await backend.discover()
+    for device in ("gpu-2", MIG) if toolkit else ("gpu-2",):  # the host has gpu-2's device nodes only
+        plan = backend.plan_prepare(device, CLAIM)
+        assert plan is not None
+        planned = plan()
+        assert planned == await backend.prepare(device, ClaimRef("default", "other", "uid-2"))
+        assert backend.plan_prepare(device, CLAIM) is not None  # prepared: the same edits again
+        assert backend.plan_unprepare(device, CLAIM) is nothing_to_undo
+    with pytest.raises(DeviceNotFoundError):
+        backend.plan_prepare("gpu-9", CLAIM)
+    await backend.stop()
+
+
+async def test_a_planned_prepare_in_toolkit_mode_fails_like_prepare_when_the_spec_lacks_the_gpu(
+    make_backend: BackendFactory, fake: FakeNvml, host: Path
+) -> None:
+    write_toolkit_spec(host / "var/run/cdi", ALL_UUIDS)
+    backend = make_backend(fake, cdi_mode="toolkit")
+    await backend.start()
+    await backend.discover()
+    write_toolkit_spec(host / "var/run/cdi", [u for u in ALL_UUIDS if u != H100])
+    plan = backend.plan_prepare("gpu-2", CLAIM)
+    assert plan is not None
+    with pytest.raises(BackendError, match="cdi-mode=toolkit cannot give gpu-2"):
+        plan()
+    await backend.stop()
