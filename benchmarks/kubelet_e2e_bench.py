@@ -18,7 +18,8 @@ client (the kubelet is grpc-go; grpcio is the same C core family). Measured in t
 
 The agent runs from compiled bytecode, as pip installs it in the image (`compile_agent`).
 The floors of a prepare and an unprepare (the kubelet's empty round trip, a claim GET, an
-fsync'd checkpoint append, a worker-thread hop) are measured in the same run and printed with
+fsync'd checkpoint append, a worker-thread hop, the fake backend's device file) are measured in
+the same run and printed with
 what the agent adds above them. The burst's connections are counted during a third burst:
 sampling /proc every millisecond slows the client and the agent on this 2-core machine.
 
@@ -51,6 +52,7 @@ import grpc
 import yaml
 
 from agent.claims.atomicfile import write_atomic
+from backends.fake.devicefile import write_device_file
 from tests.kubelet.grpc_support import GrpcioProtos, generate_grpcio_protos
 
 NODE = "bench-node"
@@ -292,6 +294,23 @@ def durable_replacements(directory: Path, count: int) -> list[float]:
     return took
 
 
+def device_file_writes(directory: Path, count: int) -> tuple[list[float], list[float]]:
+    """The fake backend's device file as it writes and removes one per claim (`backends.fake.devicefile`),
+    in the directory it uses by default (``<state dir>/fake-devices``): (writes, removals)."""
+    folder = directory / "fake-devices-probe"
+    folder.mkdir()
+    document = {"device": "gpu-0", "attributes": {f"a{i}": "x" * 16 for i in range(16)}}
+    writes, removals = [], []
+    try:
+        for i in range(count):
+            path = folder / f"{i:036d}-gpu-0.json"
+            writes.append(timed(lambda p=path: write_device_file(p, document))[0])  # type: ignore[misc]
+            removals.append(timed(path.unlink)[0])
+    finally:
+        folder.rmdir()
+    return writes, removals
+
+
 def thread_hops(count: int) -> list[float]:
     """An `anyio.to_thread.run_sync` of a no-op: what each blocking file step costs the event loop."""
 
@@ -528,17 +547,25 @@ def run(
                 "durable file replacement p50 (ms)": pct(durable_replacements(Path(state), 200), 0.5),
                 "thread hop p50 (ms)": pct(thread_hops(500), 0.5),
             }
+            if device_files:
+                writes, removals = device_file_writes(Path(state), 200)
+                floors["fake device file write p50 (ms)"] = pct(writes, 0.5)
+                floors["fake device file removal p50 (ms)"] = pct(removals, 0.5)
             figures.update(floors)
             empty_p50 = figures["empty round trip p50 (ms)"]
             hop = floors["thread hop p50 (ms)"]
-            # prepare: claim GET, PrepareStarted write (no fsync: a hop), backend (the fake's
-            # device file: a hop, unless off), PrepareCompleted + CDI spec (durable, in one hop).
-            # unprepare: backend (device file removal: a hop, unless off), the entry dropped
-            # durably with the CDI spec (one hop).
-            file_hop = hop if device_files else 0.0
+            # The fake backend plans its prepare (`agent.core.backend.PlansPrepare`): a prepare is
+            # the claim GET and one hop (PrepareStarted appended, the device file, the CDI spec,
+            # PrepareCompleted appended and fsynced); an unprepare one hop (the device file
+            # removed, the entry's removal appended and fsynced, the spec removed). The device
+            # file is the fake backend's own work, measured apart (`device_file_writes`).
             durable = floors["durable checkpoint append p50 (ms)"]
-            prepare_floor = empty_p50 + floors["claim GET round trip p50 (ms)"] + durable + 2 * hop + file_hop
-            unprepare_floor = empty_p50 + durable + hop + file_hop
+            backend_write = floors.get("fake device file write p50 (ms)", 0.0)
+            backend_removal = floors.get("fake device file removal p50 (ms)", 0.0)
+            prepare_floor = (
+                empty_p50 + floors["claim GET round trip p50 (ms)"] + durable + hop + backend_write
+            )
+            unprepare_floor = empty_p50 + durable + hop + backend_removal
             figures["prepare floor (ms)"] = prepare_floor
             figures["prepare p50 above its floor (ms)"] = figures["prepare p50 (ms)"] - prepare_floor
             figures["unprepare floor (ms)"] = unprepare_floor
