@@ -150,6 +150,7 @@ class FakeBackend:
         up by `_nv_sharing` at the first share (or the resume at start)."""
         self._device_files = device_files
         self._devices = {d.name: d for d in devices}
+        self._descriptions: dict[str, dict[str, Any]] = {}
         self._vendor = vendor
         self._faults = prepare_faults or PrepareFaults()
         self._random = random.Random(self._faults.seed)
@@ -276,7 +277,7 @@ class FakeBackend:
         mounts: tuple[Mount, ...] = ()
         if self._device_files is not None:
             path = devicefile.host_path(self._device_files, claim, device)
-            document = devicefile.describe(found, self._vendor, claim)
+            document = devicefile.describe(self._description(found), claim)
             await anyio.to_thread.run_sync(self._write_device_file, path, document)
             mounts = (Mount(str(path), devicefile.container_path(self._driver, device)),)
         edits = self._edits(found, mounts)
@@ -302,7 +303,7 @@ class FakeBackend:
             self.prepared[key] = edits
             return lambda: edits
         path = devicefile.host_path(self._device_files, claim, device)
-        document = devicefile.describe(found, self._vendor, claim)
+        document = devicefile.describe(self._description(found), claim)
         edits = self._edits(found, (Mount(str(path), devicefile.container_path(self._driver, device)),))
         # Recorded now, on the event loop: a write that fails is rolled back through `unprepare`.
         self.prepared[key] = edits
@@ -322,6 +323,13 @@ class FakeBackend:
         if root is None:
             return nothing_to_undo
         return functools.partial(self._remove_device_file, root, claim, device)
+
+    def _description(self, device: Device) -> dict[str, Any]:
+        """`devicefile.describe_device`, once per device (the profile's devices never change)."""
+        found = self._descriptions.get(device.name)
+        if found is None:
+            found = self._descriptions[device.name] = devicefile.describe_device(device, self._vendor)
+        return found
 
     def _check_injected_failure(self, device: str) -> None:
         if (

@@ -736,3 +736,128 @@ async def test_a_reload_of_a_file_with_an_unfinished_record_compacts_at_the_next
     assert path.read_bytes().count(b"\n") == 1
     assert decode(path.read_bytes()).entries == {"u1": ENTRY, "u2": STARTED}
     reader.close()
+
+
+# ----------------------------------------------------------------- staged puts (one hop)
+
+
+async def test_a_staged_put_writes_started_then_runs_its_work_then_writes_the_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.flush()
+    seen: list[list[str]] = []
+    hops = 0
+    real_run_sync = anyio.to_thread.run_sync
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal hops
+        hops += 1
+        return await real_run_sync(*args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+
+    def complete() -> ClaimEntry:  # the started record is in the file when the work runs
+        seen.append([r["entry"]["state"] for r in records(path)])
+        return ENTRY
+
+    assert await store.put_staged(ClaimEntry("u1", "default", "c1", ClaimPhase.STARTED), complete) == ENTRY
+    assert hops == 1
+    assert seen == [["PrepareStarted"]]
+    assert [r["entry"]["state"] for r in records(path)] == ["PrepareStarted", "PrepareCompleted"]
+    assert store.get("u1") == ENTRY
+    assert decode(path.read_bytes()).entries == {"u1": ENTRY}
+    await store.remove("u1")  # the result is not written a second time
+    assert [r["op"] for r in records(path)] == ["put", "put", "delete"]
+
+
+async def test_a_staged_put_whose_work_fails_keeps_started_for_the_rollback(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    started = ClaimEntry("u1", "default", "c1", ClaimPhase.STARTED)
+
+    def complete() -> ClaimEntry:
+        raise ValueError("backend failed")
+
+    with pytest.raises(ValueError, match="backend failed"):
+        await store.put_staged(started, complete)
+    assert store.get("u1") == started
+    assert decode(path.read_bytes()).entries == {"u1": started}
+    await store.remove("u1")
+    assert decode(path.read_bytes()).entries == {}
+
+
+async def test_a_staged_put_whose_write_fails_keeps_started_in_memory_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.put(ENTRY)
+    ran: list[str] = []
+    real_fsync = os.fsync
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    def complete() -> ClaimEntry:
+        ran.append("work")
+        return ClaimEntry("u2", "ns", "c2", ClaimPhase.COMPLETED)
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(CheckpointWriteError, match="Input/output error"):
+        await store.put_staged(STARTED, complete)
+    assert ran == ["work"]  # the work ran; its result is not on disk: the caller rolls back
+    assert store.get("u2") == STARTED
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    await store.remove("u2")
+    assert decode(path.read_bytes()).entries == {"u1": ENTRY}
+
+
+async def test_staged_puts_of_a_burst_share_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    writes = 0
+    real = agent.claims.checkpoint._write_group
+
+    def counting(*args: Any) -> Any:
+        nonlocal writes
+        writes += 1
+        return real(*args)
+
+    monkeypatch.setattr(agent.claims.checkpoint, "_write_group", counting)
+
+    async def prepare(i: int) -> None:
+        done = ClaimEntry(f"u{i}", "ns", f"c{i}", ClaimPhase.COMPLETED)
+        assert (
+            await store.put_staged(ClaimEntry(f"u{i}", "ns", f"c{i}", ClaimPhase.STARTED), lambda: done)
+            == done
+        )
+
+    async with anyio.create_task_group() as tg:
+        for i in range(20):
+            tg.start_soon(prepare, i)
+    assert writes < 20
+    assert {e.phase for e in decode(path.read_bytes()).entries.values()} == {ClaimPhase.COMPLETED}
+    assert len(store.entries()) == 20
+
+
+async def test_a_removal_whose_before_fails_keeps_the_entry_and_skips_its_after(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.put(ENTRY)
+    afters: list[str] = []
+
+    def before() -> None:
+        raise ValueError("device busy")
+
+    with pytest.raises(ValueError, match="device busy"):
+        await store.remove("u1", before=before, after=lambda: afters.append("spec removed"))
+    assert afters == []
+    assert store.get("u1") == ENTRY
+    assert decode(path.read_bytes()).entries == {"u1": ENTRY}
+    await store.flush()
+    assert afters == []  # not run by a later write either
+    await store.remove("u1", before=lambda: None, after=lambda: afters.append("spec removed"))
+    assert afters == ["spec removed"]
+    assert decode(path.read_bytes()).entries == {}
