@@ -64,33 +64,35 @@ def validate_claims(claims: Sequence[ClaimMessage]) -> list[ClaimRef]:
         )
     refs: dict[str, ClaimRef] = {}
     for i, claim in enumerate(claims):
+        # Read once: each field access of a betterproto message goes through its __getattribute__.
+        namespace, name, uid = claim.namespace, claim.name, claim.uid
         where = f"claims[{i}]"
-        for field, value in (("namespace", claim.namespace), ("uid", claim.uid), ("name", claim.name)):
+        for field, value in (("namespace", namespace), ("uid", uid), ("name", name)):
             if not value:
                 raise GRPCError(Status.INVALID_ARGUMENT, f"{where}.{field}: must not be empty")
-        if not is_dns_label(claim.namespace):
+        if not is_dns_label(namespace):
             raise GRPCError(
                 Status.INVALID_ARGUMENT,
-                f"{where}.namespace: {claim.namespace[:80]!r} is not a valid namespace name",
+                f"{where}.namespace: {namespace[:80]!r} is not a valid namespace name",
             )
-        if len(claim.name) > MAX_NAME_LENGTH or not is_dns_subdomain(claim.name):
+        if len(name) > MAX_NAME_LENGTH or not is_dns_subdomain(name):
             raise GRPCError(
                 Status.INVALID_ARGUMENT,
-                f"{where}.name: {claim.name[:80]!r} is not a valid ResourceClaim name",
+                f"{where}.name: {name[:80]!r} is not a valid ResourceClaim name",
             )
-        if len(claim.uid) > MAX_UID_LENGTH or not claim.uid.isprintable() or claim.uid.strip() != claim.uid:
+        if len(uid) > MAX_UID_LENGTH or not uid.isprintable() or uid.strip() != uid:
             raise GRPCError(
                 Status.INVALID_ARGUMENT,
-                f"{where}.uid: {claim.uid[:80]!r} is not a valid UID (printable, at most {MAX_UID_LENGTH})",
+                f"{where}.uid: {uid[:80]!r} is not a valid UID (printable, at most {MAX_UID_LENGTH})",
             )
-        ref = ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid)
-        seen = refs.get(claim.uid)
+        ref = ClaimRef(namespace=namespace, name=name, uid=uid)
+        seen = refs.get(uid)
         if seen is None:
-            refs[claim.uid] = ref
+            refs[uid] = ref
         elif seen != ref:
             raise GRPCError(
                 Status.INVALID_ARGUMENT,
-                f"{where}.uid: {claim.uid!r} is also used by {seen.namespace}/{seen.name}",
+                f"{where}.uid: {uid!r} is also used by {seen.namespace}/{seen.name}",
             )
     return list(refs.values())
 
