@@ -19,8 +19,9 @@ client (the kubelet is grpc-go; grpcio is the same C core family). Measured in t
 The agent runs from compiled bytecode, as pip installs it in the image (`compile_agent`).
 The floors of a prepare and an unprepare (the kubelet's empty round trip, a claim GET, an
 fsync'd checkpoint append, a worker-thread hop, the fake backend's device file) are measured in
-the same run and printed with what the agent adds above them. The burst's connections are counted during a third burst:
-sampling /proc every millisecond slows the client and the agent on this 2-core machine.
+the same run and printed with what the agent adds above them. The burst's connections are
+counted during a third burst: sampling /proc every millisecond slows the client and the agent on
+this 2-core machine.
 
 Run: ``python -m benchmarks.kubelet_e2e_bench`` (``--quick``: 200 prepares instead of 1,000;
 ``--pod-uid UID``: as the chart runs it, with the file lock of rolling updates;
