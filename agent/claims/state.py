@@ -964,20 +964,22 @@ class DeviceState:
             self._child(self.metrics.claim_errors, self.driver, operation, reason).inc()
 
     def _update_gauges(self) -> None:
-        self._notify()
-        if self.metrics is None:
+        if self.metrics is None and self.listener is None:
             return
         prepared = self.prepared_claims()
+        self._notify(prepared)
+        if self.metrics is None:
+            return
         self._child(self.metrics.prepared_claims, self.driver).set(len(prepared))
         devices = sum(len(e.devices) for e in prepared.values())
         self._child(self.metrics.prepared_devices, self.driver).set(devices)
 
-    def _notify(self) -> None:
+    def _notify(self, completed: Mapping[str, ClaimEntry]) -> None:
         if self.listener is None:
             return
         prepared = {
             ClaimRef(e.namespace, e.name, uid): tuple(d.device for d in e.devices)
-            for uid, e in self.prepared_claims().items()
+            for uid, e in completed.items()
         }
         try:
             self.listener.prepared_changed(self.driver, prepared)

@@ -159,7 +159,7 @@ class DRAService:
             refs = validate_claims(claims)
             if not refs:
                 return {}  # liveness probes send an empty request
-            if self._ready is not None:
+            if self._ready is not None and not self._ready.is_set():  # anyio's wait() yields even when set
                 await self._ready.wait()  # the sockets serve before the checkpoint is loaded
             try:
                 answer = await call(refs)
