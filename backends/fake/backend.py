@@ -30,7 +30,7 @@ import random
 import re
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -298,21 +298,24 @@ class FakeBackend:
         ):
             return None
         self._check_injected_failure(device)
-        if self._device_files is None:
-            edits = self._edits(found, ())
-            self.prepared[key] = edits
-            return lambda: edits
-        path = devicefile.host_path(self._device_files, claim, device)
-        document = devicefile.describe(self._description(found), claim)
-        edits = self._edits(found, (Mount(str(path), devicefile.container_path(self._driver, device)),))
-        # Recorded now, on the event loop: a write that fails is rolled back through `unprepare`.
-        self.prepared[key] = edits
+        mounts: tuple[Mount, ...] = ()
+        write: Callable[[], None] | None = None
+        if self._device_files is not None:
+            path = devicefile.host_path(self._device_files, claim, device)
+            mounts = (Mount(str(path), devicefile.container_path(self._driver, device)),)
+            document = devicefile.describe(self._description(found), claim)
+            write = functools.partial(self._write_device_file, path, document)
+        edits = self._edits(found, mounts)
 
-        def write() -> ContainerEdits:
-            self._write_device_file(path, document)
+        def prepare() -> ContainerEdits:
+            # Recorded once done, as `prepare` does: a plan that never runs (the core fell back to
+            # `prepare` for another device, or refused the claim) leaves nothing behind.
+            if write is not None:
+                write()
+            self.prepared[key] = edits
             return edits
 
-        return write
+        return prepare
 
     def plan_unprepare(self, device: str, claim: ClaimRef) -> UnpreparePlan | None:
         """`unprepare` as the device file's removal (`PlansPrepare`); None with dynamic MIG."""

@@ -68,28 +68,16 @@ async def test_prepare_reads_device_nodes_each_time(make_backend: MakeBackend) -
     dev.nodes.update(amd_dev("/host/dev", 3, 130, minor_shift=1).nodes)
     again = await backend.prepare("gpu-3-130", CLAIM)
     assert again.device_nodes[2].minor == 131
-    await backend.unprepare("gpu-3-130", CLAIM)
-    await backend.unprepare("gpu-9-9", CLAIM)  # never prepared: fine
-    await backend.stop()
-
-
-async def test_a_planned_prepare_reads_the_nodes_in_the_cores_hop(make_backend: MakeBackend) -> None:
-    """`agent.core.backend.PlansPrepare`: the same edits, read when the plan runs (not at planning)."""
-    dev = amd_dev("/host/dev", 3, 130)
-    backend, _ = make_backend(
-        mi300x("cpx_nps4", count=1),
-        settings={"sysfs-root": "/dev/null", "dev-root": "/host/dev"},
-        stat_fn=dev,
-    )
-    await backend.start()
-    await backend.discover()
+    # Planned (`agent.core.backend.PlansPrepare`): the same edits, read when the core runs the plan.
     assert isinstance(backend, PlansPrepare)
     plan = backend.plan_prepare("gpu-3-130", CLAIM)
-    assert plan is not None and dev.calls == []
-    assert plan() == await backend.prepare("gpu-3-130", CLAIM)
+    assert plan is not None and len(dev.calls) == 9
+    assert plan() == again and len(dev.calls) == 12
     assert backend.plan_unprepare("gpu-3-130", CLAIM) is nothing_to_undo
     with pytest.raises(DeviceNotFoundError, match="gpu-9-9"):
         backend.plan_prepare("gpu-9-9", CLAIM)
+    await backend.unprepare("gpu-3-130", CLAIM)
+    await backend.unprepare("gpu-9-9", CLAIM)  # never prepared: fine
     await backend.stop()
 
 

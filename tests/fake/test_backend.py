@@ -187,6 +187,40 @@ async def test_injected_prepare_failures() -> None:
     assert repeat == outcomes  # seeded: the same run twice
 
 
+def files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+async def test_a_planned_prepare_writes_the_device_file_and_an_unused_plan_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """`agent.core.backend.PlansPrepare`: checks at planning, the file and the record when the plan runs.
+
+    The core drops the plans of a claim whose other device refused its plan (an injected failure
+    here): a later `prepare` of the same device must still write its file.
+    """
+    (backend, _), _ = make_backends(device_files=str(tmp_path), prepare_fail="gpu-1")
+    plan = backend.plan_prepare("gpu-0", CLAIM)
+    assert plan is not None and files(tmp_path) == []
+    folder = tmp_path / backend.driver_name
+    with pytest.raises(BackendError, match="injected prepare failure for device 'gpu-1'"):
+        backend.plan_prepare("gpu-1", CLAIM)
+    await backend.prepare("gpu-0", CLAIM)  # the plan of gpu-0 never ran
+    assert files(folder) == ["uid-a-gpu-0.json"]
+    other = ClaimRef("default", "claim-b", "uid-b")
+    plan = backend.plan_prepare("gpu-2", other)
+    assert plan is not None
+    planned = plan()
+    assert files(folder) == ["uid-a-gpu-0.json", "uid-b-gpu-2.json"]
+    assert planned == await backend.prepare("gpu-2", other)
+    unplan = backend.plan_unprepare("gpu-2", other)
+    assert unplan is not None
+    unplan()
+    assert files(folder) == ["uid-a-gpu-0.json"]
+    with pytest.raises(DeviceNotFoundError):
+        backend.plan_prepare("gpu-42", CLAIM)
+
+
 async def test_prepare_latency_uses_the_clock(fake_clock: FakeClock) -> None:
     (backend, _), _ = make_backends(clock=fake_clock, prepare_latency="2")
     done = anyio.Event()

@@ -147,18 +147,26 @@ class FakeBackend:
             if device in self.fail_prepare:
                 raise BackendError(f"fake backend: cannot prepare {device}: device busy; retry later")
             self.prepared.setdefault(claim.uid, set()).add(device)
-            edits = default_edits(device)
-            return ContainerEdits(
-                device_nodes=edits.device_nodes,
-                env=edits.env,
-                list_env=edits.list_env,
-                cdi_device_ids=self.extra_cdi_ids,
-            )
+            return self.edits(device)
         finally:
             self.in_flight -= 1
 
+    def edits(self, device: str) -> ContainerEdits:
+        """The edits a prepare of `device` gives."""
+        edits = default_edits(device)
+        return ContainerEdits(
+            device_nodes=edits.device_nodes,
+            env=edits.env,
+            list_env=edits.list_env,
+            cdi_device_ids=self.extra_cdi_ids,
+        )
+
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
         self.unprepare_calls += 1
+        self.release(device, claim)
+
+    def release(self, device: str, claim: ClaimRef) -> None:
+        """What an unprepare of `device` does."""
         if device in self.fail_unprepare:
             raise BackendError(f"fake backend: cannot unprepare {device}: device busy; retry later")
         held = self.prepared.get(claim.uid, set())
@@ -213,25 +221,14 @@ class PlanningBackend(FakeBackend):
                 raise BackendError(f"fake backend: cannot prepare {device}: device busy; retry later")
             self.prepared.setdefault(claim.uid, set()).add(device)
             self._save()
-            edits = default_edits(device)
-            return ContainerEdits(
-                device_nodes=edits.device_nodes,
-                env=edits.env,
-                list_env=edits.list_env,
-                cdi_device_ids=self.extra_cdi_ids,
-            )
+            return self.edits(device)
 
         return work
 
     def plan_unprepare(self, device: str, claim: ClaimRef) -> Callable[[], None] | None:
         def work() -> None:
             self.planned.append(("unprepare", device))
-            if device in self.fail_unprepare:
-                raise BackendError(f"fake backend: cannot unprepare {device}: device busy; retry later")
-            held = self.prepared.get(claim.uid, set())
-            held.discard(device)
-            if not held:
-                self.prepared.pop(claim.uid, None)
+            self.release(device, claim)
             self._save()
 
         return work

@@ -37,6 +37,7 @@ from agent.claims.checkpoint import (
     remove_temp_files,
 )
 from agent.core.sharing import OpaqueConfig
+from tests.support.hops import count_hops
 
 ENTRY = ClaimEntry(
     uid="u1",
@@ -414,15 +415,7 @@ async def test_actions_run_in_the_hop_of_the_write_that_carries_their_entry(
     path = tmp_path / "checkpoint.json"
     store = CheckpointStore(path, "boot-1")
     await store.flush()
-    hops = 0
-    real_run_sync = anyio.to_thread.run_sync
-
-    async def counting(*args: Any, **kwargs: Any) -> Any:
-        nonlocal hops
-        hops += 1
-        return await real_run_sync(*args, **kwargs)
-
-    monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+    hops = count_hops(monkeypatch)
     seen_at_action: dict[str, set[str]] = {}
 
     def action(uid: str) -> Callable[[], None]:
@@ -437,7 +430,7 @@ async def test_actions_run_in_the_hop_of_the_write_that_carries_their_entry(
             tg.start_soon(functools.partial(store.put, entry, before=action(f"u{i}")))
     assert all(uid not in on_disk for uid, on_disk in seen_at_action.items())
     assert set(decode(path.read_bytes()).entries) == {f"u{i}" for i in range(10)}
-    assert hops < 10  # actions and writes share hops
+    assert len(hops) < 10  # actions and writes share hops
 
 
 async def test_a_failed_action_fails_its_change_only(tmp_path: Path) -> None:
@@ -748,22 +741,14 @@ async def test_a_staged_put_writes_started_then_runs_its_work_then_writes_the_re
     store = CheckpointStore(path, "boot-1")
     await store.flush()
     seen: list[list[str]] = []
-    hops = 0
-    real_run_sync = anyio.to_thread.run_sync
-
-    async def counting(*args: Any, **kwargs: Any) -> Any:
-        nonlocal hops
-        hops += 1
-        return await real_run_sync(*args, **kwargs)
-
-    monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+    hops = count_hops(monkeypatch)
 
     def complete() -> ClaimEntry:  # the started record is in the file when the work runs
         seen.append([r["entry"]["state"] for r in records(path)])
         return ENTRY
 
     assert await store.put_staged(ClaimEntry("u1", "default", "c1", ClaimPhase.STARTED), complete) == ENTRY
-    assert hops == 1
+    assert len(hops) == 1
     assert seen == [["PrepareStarted"]]
     assert [r["entry"]["state"] for r in records(path)] == ["PrepareStarted", "PrepareCompleted"]
     assert store.get("u1") == ENTRY

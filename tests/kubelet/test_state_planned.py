@@ -9,30 +9,17 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
-from typing import Any
 
 import anyio
-import anyio.to_thread
 import pytest
 
 import agent.claims.atomicfile
 from agent.claims.checkpoint import ClaimPhase
 from tests.kubelet.fakes import DRIVER, NODE, FakeClaimSource, PlanningBackend, make_claim, ref_of
 from tests.kubelet.test_state import UID, build, checkpoint, spec_path
+from tests.support.hops import count_hops
 
 U2 = "0b7c6a2e-2222-4222-8333-444455556666"
-
-
-def counting_hops(monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    hops: list[object] = []
-    real = anyio.to_thread.run_sync
-
-    async def counting(func: Any, *args: Any, **kwargs: Any) -> Any:
-        hops.append(func)
-        return await real(func, *args, **kwargs)
-
-    monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
-    return hops
 
 
 async def test_prepare_and_unprepare_take_one_hop_each(
@@ -42,7 +29,7 @@ async def test_prepare_and_unprepare_take_one_hop_each(
     backend = PlanningBackend()
     state, _ = build(tmp_path, FakeClaimSource([claim]), backend)
     await state.start()
-    hops = counting_hops(monkeypatch)
+    hops = count_hops(monkeypatch)
     answer = (await state.prepare([ref_of(claim)]))[UID]
     assert not answer.error
     assert [d.cdi_device_ids for d in answer.devices] == [
@@ -169,7 +156,7 @@ async def test_concurrent_planned_prepares_share_writes(
     claims = [make_claim(f"0b7c6a2e-{i:04d}-4222-8333-444455556666", devices=(f"gpu-{i}",)) for i in range(8)]
     state, backend = build(tmp_path, FakeClaimSource(claims), PlanningBackend())
     await state.start()
-    hops = counting_hops(monkeypatch)
+    hops = count_hops(monkeypatch)
     async with anyio.create_task_group() as tg:
         for claim in claims:
             tg.start_soon(state.prepare, [ref_of(claim)])
