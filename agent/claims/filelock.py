@@ -40,7 +40,7 @@ class FileLock:
         self._poll = poll_interval
         # A semaphore, not a lock: a holder may hand the release to another task (the claim state
         # shares one hold among concurrent calls and the last one out releases it).
-        self._local = anyio.Semaphore(1)
+        self._local = anyio.Semaphore(1, fast_acquire=True)  # no loop trip when uncontended
         self._fd: int | None = None
 
     def _open(self) -> int:
