@@ -419,8 +419,15 @@ FileIdentity = tuple[int, int, int, int, int]
 """Device, inode, size, mtime and ctime (ns) of a file: equal means not replaced nor rewritten."""
 
 COMPACT_AFTER_BYTES = 64 * 1024
-"""The journal is compacted once it is larger than this and than its snapshot: a replay at start
-or reload stays cheap, and a compaction (a new file) comes once every few hundred changes."""
+"""The journal is compacted once it is larger than this and than its snapshot (or a quarter of
+`MAX_CHECKPOINT_BYTES`, whichever is less): a replay at start or reload stays cheap, a compaction
+(a new file) comes once every few hundred changes, and a large checkpoint's journal cannot take
+the file past the size it is read at."""
+
+
+def _journal_limit(shape: FileShape) -> int:
+    """How large the journal after `shape`'s snapshot may grow before the next write compacts."""
+    return max(COMPACT_AFTER_BYTES, min(shape.snapshot_bytes, MAX_CHECKPOINT_BYTES // 4))
 
 
 def _identity(st: os.stat_result) -> FileIdentity:
@@ -608,7 +615,7 @@ def _write_changes(
     if (
         job.compact
         or file is None
-        or file.shape.journal_bytes > max(COMPACT_AFTER_BYTES, file.shape.snapshot_bytes)
+        or file.shape.journal_bytes > _journal_limit(file.shape)
         or not _still_open(path, file)
     ):
         return _compact(path, CheckpointData(job.boot_id, entries), file, durable, texts)

@@ -656,6 +656,30 @@ async def test_the_journal_is_compacted_once_it_outgrows_its_snapshot(
     assert listing(tmp_path) == ["checkpoint.json"]
 
 
+async def test_a_large_snapshots_journal_is_compacted_before_the_file_outgrows_its_read_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent.claims.checkpoint, "COMPACT_AFTER_BYTES", 100)
+    monkeypatch.setattr(agent.claims.checkpoint, "MAX_CHECKPOINT_BYTES", 20_000)
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    for i in range(40):  # a snapshot larger than a quarter of the limit
+        store.load(
+            {**store.entries(), f"big{i}": ClaimEntry(f"big{i}", "ns", "c" * 100, ClaimPhase.COMPLETED)}
+        )
+    await store.flush()
+    assert path.stat().st_size > 5_000  # the snapshot alone
+    journals = []
+    for i in range(60):
+        await store.put(ClaimEntry(f"u{i}", "ns", f"c{i}", ClaimPhase.STARTED))
+        journals.append(decode_file(path.read_bytes())[1].journal_bytes)
+    assert 0 in journals  # compacted along the way
+    assert (
+        max(journals) < 5_000 + 500
+    )  # at a quarter of the limit (one record past it), not at the snapshot's size
+    assert load_checkpoint(path).problem is None
+
+
 async def test_a_failed_append_is_taken_back_and_the_next_write_compacts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
