@@ -55,6 +55,19 @@ def disk_full(fd: int, data: bytes) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
+def count_writes(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """From now on, one item per checkpoint write (group commit) is appended to the list returned."""
+    writes: list[object] = []
+    real = agent.claims.checkpoint._write_group
+
+    def counting(*args: Any) -> Any:
+        writes.append(args[1])
+        return real(*args)
+
+    monkeypatch.setattr(agent.claims.checkpoint, "_write_group", counting)
+    return writes
+
+
 def listing(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
@@ -266,21 +279,13 @@ async def test_disk_full_keeps_previous_file_and_reverts_memory(
 
 
 async def test_concurrent_changes_share_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    writes = 0
-    real = agent.claims.checkpoint._write_group
-
-    def counting(*args: Any) -> Any:
-        nonlocal writes
-        writes += 1
-        return real(*args)
-
-    monkeypatch.setattr(agent.claims.checkpoint, "_write_group", counting)
+    writes = count_writes(monkeypatch)
     store = CheckpointStore(tmp_path / "checkpoint.json", "boot-1")
     async with anyio.create_task_group() as tg:
         for i in range(50):
             tg.start_soon(store.put, ClaimEntry(f"u{i}", "ns", f"c{i}", ClaimPhase.STARTED))
     assert len(decode((tmp_path / "checkpoint.json").read_bytes()).entries) == 50
-    assert writes < 50
+    assert len(writes) < 50
 
 
 async def test_non_durable_put_skips_fsync_and_a_later_durable_write_syncs(
@@ -826,15 +831,7 @@ async def test_a_staged_put_whose_write_fails_keeps_started_in_memory_and_says_s
 async def test_staged_puts_of_a_burst_share_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "checkpoint.json"
     store = CheckpointStore(path, "boot-1")
-    writes = 0
-    real = agent.claims.checkpoint._write_group
-
-    def counting(*args: Any) -> Any:
-        nonlocal writes
-        writes += 1
-        return real(*args)
-
-    monkeypatch.setattr(agent.claims.checkpoint, "_write_group", counting)
+    writes = count_writes(monkeypatch)
 
     async def prepare(i: int) -> None:
         done = ClaimEntry(f"u{i}", "ns", f"c{i}", ClaimPhase.COMPLETED)
@@ -846,7 +843,7 @@ async def test_staged_puts_of_a_burst_share_writes(tmp_path: Path, monkeypatch: 
     async with anyio.create_task_group() as tg:
         for i in range(20):
             tg.start_soon(prepare, i)
-    assert writes < 20
+    assert len(writes) < 20
     assert {e.phase for e in decode(path.read_bytes()).entries.values()} == {ClaimPhase.COMPLETED}
     assert len(store.entries()) == 20
 
