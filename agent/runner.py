@@ -36,7 +36,7 @@ from agent.core.model import HealthCondition, Severity
 from agent.health.taints import EFFECT_NONE, TaintPolicy
 from agent.kube.credentials import check_kubeconfig, in_cluster
 from agent.kubelet.deviceplugins import device_plugins_dir, report_device_plugins
-from agent.kubelet.plugin import KubeletPlugin
+from agent.kubelet.plugin import KubeletPlugin, another_pod_serving, socket_paths
 from agent.kubelet.podresources import PodResourcesClient, default_socket
 from agent.kubelet.workloads import WorkloadAttribution
 from agent.observe.allocations import AllocationSeries
@@ -254,7 +254,15 @@ class AgentParts:
             clock=self.clock,
             lock_path=plugin_dir / "serialize.lock" if config.pod_uid else None,
             listener=self.workloads,
+            # With a pod UID a second pod may share the checkpoint (a rollout or a rollback).
+            peers=functools.partial(another_pod_serving, self._dra_socket(driver))
+            if config.pod_uid
+            else None,
         )
+
+    def _dra_socket(self, driver: str) -> Path:
+        config = self.config
+        return socket_paths(driver, config.plugins_dir, config.registry_dir, config.pod_uid)[0]
 
     async def _serve_kubelet(self, runtime: DriverRuntime) -> None:
         config, driver = self.config, runtime.driver

@@ -20,8 +20,8 @@ fsyncs. A change may bring a blocking action (the CDI spec of a completed claim)
 carrying the change runs first in its worker thread: one thread hop for both, and the spec is on
 disk before any checkpoint names the claim completed.
 
-Agents before the journal read only a snapshot: after a downgrade, a file with records is
-unusable to them and rebuilt from the CDI specs (README, "Upgrades").
+Agents before the journal read only a snapshot: while another agent shares the file (a rolling
+update's other pod, `PeerWatch`), every write is a snapshot (README, "Upgrades and rollbacks").
 """
 
 from __future__ import annotations
@@ -430,6 +430,45 @@ def _journal_limit(shape: FileShape) -> int:
     return max(COMPACT_AFTER_BYTES, min(shape.snapshot_bytes, MAX_CHECKPOINT_BYTES // 4))
 
 
+PEER_CHECK_SECONDS = 1.0
+"""How long the answer of the peer check is kept (it runs in the write's worker thread)."""
+
+
+class PeerWatch:
+    """Whether another agent shares the checkpoint now (a rolling update's other pod), asked at most
+    once every `PEER_CHECK_SECONDS`.
+
+    While one does, every write is a whole snapshot: an agent of a release before the journal
+    reads only that, and one that finds journal records moves the file aside and writes what its
+    memory holds, losing the claims the other pod prepared. Used by one write at a time.
+    """
+
+    def __init__(self, check: Callable[[], bool], clock: Callable[[], float] = time.monotonic) -> None:
+        self._check = check
+        self._clock = clock
+        self._answer = True
+        self._asked: float | None = None
+
+    def forget(self) -> None:
+        """Ask again at the next write: another agent just wrote the file."""
+        self._asked = None
+
+    def present(self) -> bool:
+        """The check's answer, asked again once it is older than `PEER_CHECK_SECONDS` (blocking)."""
+        now = self._clock()
+        if self._asked is None or now - self._asked >= PEER_CHECK_SECONDS:
+            try:
+                self._answer = self._check()
+            except OSError as error:  # unknown: shared, the safe answer
+                log.warning(
+                    "cannot tell whether another agent shares the checkpoint",
+                    extra=log_fields(error=str(error)),
+                )
+                self._answer = True
+            self._asked = now
+        return self._answer
+
+
 def _identity(st: os.stat_result) -> FileIdentity:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -543,6 +582,8 @@ class _Write:
     durable: bool
     compact: bool
     """Write a new snapshot, whatever the journal's size (at start, after a failed write)."""
+    peers: PeerWatch | None = None
+    """Asked in the worker thread: while another agent shares the file, snapshots only."""
 
 
 def _write_group(
@@ -563,10 +604,11 @@ def _write_group(
                 entries.pop(before.uid, None)
             else:
                 entries[before.uid] = before.previous
+    shared = job.peers is not None and job.peers.present()
     try:
         file = _write_changes(
             path,
-            job,
+            replace(job, compact=job.compact or shared),
             entries=entries,
             changed=job.changed,
             file=file,
@@ -581,7 +623,7 @@ def _write_group(
             done = [stage.uid for stage in job.stages if stage.result is not None]
             file = _write_changes(
                 path,
-                replace(job, compact=False),
+                replace(job, compact=shared),
                 entries=entries,
                 changed=done,
                 file=file,
@@ -662,9 +704,10 @@ class CheckpointStore:
     agent that shares the file (rolling update) need not read it again while it is unchanged.
     """
 
-    def __init__(self, path: Path, boot_id: str) -> None:
+    def __init__(self, path: Path, boot_id: str, *, peers: PeerWatch | None = None) -> None:
         self.path = path
         self.boot_id = boot_id
+        self._peers = peers
         self._entries: dict[str, ClaimEntry] = {}
         self._texts = EntryTexts()
         self._by_device: dict[str, dict[str, None]] = {}
@@ -702,6 +745,8 @@ class CheckpointStore:
         A corrupt file is moved aside (`load_checkpoint`) and memory kept: the caller decides.
         """
         previous, self._file = self._file, None
+        if self._peers is not None:
+            self._peers.forget()  # another agent wrote the file: it may be one that reads no journal
         outcome, file = await anyio.to_thread.run_sync(_read_file, self.path, now, previous)
         if outcome.problem is None:
             self._replace_all(outcome.data.entries if outcome.data is not None else {})
@@ -879,6 +924,7 @@ class CheckpointStore:
                     stages,
                     durable,
                     self._compact,
+                    self._peers,
                 )
                 self._changed = {}
                 failed: OSError | None = None

@@ -33,6 +33,7 @@ from agent.claims.checkpoint import (
     CheckpointWriteError,
     ClaimEntry,
     ClaimPhase,
+    PeerWatch,
     entry_json,
     load_checkpoint,
     read_boot_id,
@@ -173,6 +174,7 @@ class DeviceState:
         boot_id_path: Path = BOOT_ID_PATH,
         hooks: StepHook | None = None,
         listener: PreparedListener | None = None,
+        peers: Callable[[], bool] | None = None,
     ) -> None:
         self.driver = driver
         self.backend = backend
@@ -190,7 +192,9 @@ class DeviceState:
         self.hooks = hooks
         self.listener = listener
         self._boot_id = boot_id if boot_id is not None else read_boot_id(boot_id_path)
-        self.store = CheckpointStore(state_dir / CHECKPOINT_FILE, self._boot_id)
+        # `peers` (blocking): whether another agent pod serves this driver now (rolling update).
+        watch = PeerWatch(peers) if peers is not None else None
+        self.store = CheckpointStore(state_dir / CHECKPOINT_FILE, self._boot_id, peers=watch)
         self._file_lock = FileLock(lock_path, clock=self.clock) if lock_path is not None else None
         # fast_acquire: an uncontended lock is taken without a trip through the event loop
         # (each such trip was a full loop iteration, several per claim).

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import socket
 import stat
 import weakref
@@ -186,6 +187,31 @@ def socket_paths(driver: str, plugins_dir: Path, registry_dir: Path, pod_uid: st
     if pod_uid:
         return data_dir / f"dra-{pod_uid}.sock", registry_dir / f"{driver}-{pod_uid}-reg.sock"
     return data_dir / "dra.sock", registry_dir / f"{driver}-reg.sock"
+
+
+def another_pod_serving(own_socket: Path) -> bool:
+    """Whether the DRA socket of another agent pod of this driver accepts connections (blocking).
+
+    During a rolling update two pods serve a driver, each on ``dra-<pod UID>.sock`` in the same
+    directory; the socket of a pod that died stays behind but refuses connections.
+    """
+    try:
+        names = os.listdir(own_socket.parent)
+    except FileNotFoundError:
+        return False
+    for name in names:
+        if name == own_socket.name or not (name.startswith("dra") and name.endswith(".sock")):
+            continue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(0.1)
+            try:
+                probe.connect(str(own_socket.parent / name))
+            except (ConnectionRefusedError, FileNotFoundError):
+                continue  # left behind by a pod that is gone
+            except OSError:
+                return True  # there, but busy (a full backlog): serving
+            return True
+    return False
 
 
 def remove_stale_socket(path: Path) -> None:

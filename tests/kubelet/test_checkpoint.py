@@ -26,6 +26,7 @@ from agent.claims.checkpoint import (
     ClaimEntry,
     ClaimPhase,
     EntryTexts,
+    PeerWatch,
     _checksum,
     decode,
     decode_file,
@@ -867,3 +868,51 @@ async def test_a_removal_whose_before_fails_keeps_the_entry_and_skips_its_after(
     await store.remove("u1", before=lambda: None, after=lambda: afters.append("spec removed"))
     assert afters == ["spec removed"]
     assert decode(path.read_bytes()).entries == {}
+
+
+# ----------------------------------------------------------------- another agent sharing the file
+
+
+def test_the_peer_check_is_asked_at_most_once_a_second_and_again_after_a_foreign_write() -> None:
+    asked: list[bool] = []
+    now = [0.0]
+
+    def check() -> bool:
+        asked.append(True)
+        return len(asked) == 1
+
+    watch = PeerWatch(check, clock=lambda: now[0])
+    assert watch.present() and watch.present()
+    assert len(asked) == 1
+    now[0] = 0.99
+    assert watch.present() and len(asked) == 1
+    now[0] = 1.0
+    assert not watch.present() and len(asked) == 2
+    watch.forget()
+    assert not watch.present() and len(asked) == 3
+
+
+def test_a_peer_check_that_fails_says_shared() -> None:
+    def broken() -> bool:
+        raise PermissionError(13, "Permission denied")
+
+    assert PeerWatch(broken).present()
+
+
+async def test_while_another_agent_shares_the_file_every_write_is_a_snapshot(tmp_path: Path) -> None:
+    """An agent of a release before the journal reads only a snapshot (README, "Upgrades")."""
+    path = tmp_path / "checkpoint.json"
+    shared = [True]
+    now = [0.0]
+    store = CheckpointStore(path, "boot-1", peers=PeerWatch(lambda: shared[0], clock=lambda: now[0]))
+    await store.put(ENTRY)
+    await store.put(STARTED, durable=False)
+    done = ClaimEntry("u3", "ns", "c3", ClaimPhase.COMPLETED)
+    assert await store.put_staged(ClaimEntry("u3", "ns", "c3", ClaimPhase.STARTED), lambda: done) == done
+    assert path.read_bytes().count(b"\n") == 1
+    assert json.loads(path.read_bytes())["entries"].keys() == {"u1", "u2", "u3"}  # what an old agent reads
+    shared[0] = False
+    now[0] = 1.0
+    await store.remove("u2")
+    assert [r["op"] for r in records(path)] == ["delete"]
+    assert decode(path.read_bytes()).entries == {"u1": ENTRY, "u3": done}

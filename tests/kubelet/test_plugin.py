@@ -28,6 +28,7 @@ from agent.kubelet.plugin import (
     _CoalescingTransport,
     _h2_connection,
     _streams,
+    another_pod_serving,
     socket_paths,
 )
 from tests.kubelet.grpc_support import (
@@ -63,6 +64,27 @@ def test_socket_paths() -> None:
         plugins / DRIVER / "dra-1234-ab.sock",
         registry / f"{DRIVER}-1234-ab-reg.sock",
     )
+
+
+def test_another_pod_serving_is_a_live_dra_socket_of_another_pod(root: Path) -> None:
+    """A rolling update's other pod (its ``dra-<uid>.sock`` accepts); a dead pod's file refuses."""
+    folder = root / "plugins" / DRIVER
+    folder.mkdir(parents=True)
+    mine = folder / "dra-aaaa.sock"
+    assert not another_pod_serving(mine)
+    assert not another_pod_serving(root / "missing" / "dra-aaaa.sock")
+    with socket.socket(socket.AF_UNIX) as own, socket.socket(socket.AF_UNIX) as dead:
+        own.bind(str(mine))
+        own.listen()
+        dead.bind(str(folder / "dra-bbbb.sock"))  # bound, never listening: as a killed pod's leftover
+        (folder / "serialize.lock").touch()
+        assert not another_pod_serving(mine)
+        with socket.socket(socket.AF_UNIX) as other:
+            other.bind(str(folder / "dra-cccc.sock"))
+            other.listen()
+            assert another_pod_serving(mine)
+        # Closed: the file stays behind and refuses connections.
+        assert not another_pod_serving(mine)
 
 
 async def test_serves_both_sockets_and_removes_them_on_shutdown(root: Path) -> None:
