@@ -47,7 +47,6 @@ from agent.core.backend import (
     Mount,
     PreparePlan,
     UnpreparePlan,
-    nothing_to_undo,
     report_alive,
 )
 from agent.core.clock import Clock, SystemClock
@@ -321,11 +320,14 @@ class FakeBackend:
         """`unprepare` as the device file's removal (`PlansPrepare`); None with dynamic MIG."""
         if self._partitions is not None:
             return None
-        self.prepared.pop((claim.uid, device), None)
         root = self._device_files
-        if root is None:
-            return nothing_to_undo
-        return functools.partial(self._remove_device_file, root, claim, device)
+
+        def unprepare() -> None:
+            if root is not None:
+                self._remove_device_file(root, claim, device)
+            self.prepared.pop((claim.uid, device), None)
+
+        return unprepare
 
     def _description(self, device: Device) -> dict[str, Any]:
         """`devicefile.describe_device`, once per device (the profile's devices never change)."""
