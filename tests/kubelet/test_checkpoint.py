@@ -69,6 +69,14 @@ def count_writes(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return writes
 
 
+async def holding_entry(tmp_path: Path) -> tuple[Path, CheckpointStore]:
+    """A store of ``tmp_path/checkpoint.json`` that has written `ENTRY`."""
+    path = tmp_path / "checkpoint.json"
+    store = CheckpointStore(path, "boot-1")
+    await store.put(ENTRY)
+    return path, store
+
+
 def listing(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
@@ -261,9 +269,7 @@ async def test_store_put_remove_and_flush(tmp_path: Path) -> None:
 async def test_disk_full_keeps_previous_file_and_reverts_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "checkpoint.json"
-    store = CheckpointStore(path, "boot-1")
-    await store.put(ENTRY)
+    path, store = await holding_entry(tmp_path)
     before = path.read_bytes()
 
     monkeypatch.setattr(agent.claims.atomicfile, "write_all", disk_full)
@@ -357,9 +363,7 @@ async def test_every_waiter_of_a_group_commit_returns_once_its_change_is_durable
 async def test_fsync_failure_reaches_every_waiter_of_a_group_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "checkpoint.json"
-    store = CheckpointStore(path, "boot-1")
-    await store.put(ENTRY)
+    path, store = await holding_entry(tmp_path)
     before = path.read_bytes()
 
     def failing(fd: int) -> None:
@@ -440,9 +444,7 @@ async def test_actions_run_in_the_hop_of_the_write_that_carries_their_entry(
 
 
 async def test_a_failed_action_fails_its_change_only(tmp_path: Path) -> None:
-    path = tmp_path / "checkpoint.json"
-    store = CheckpointStore(path, "boot-1")
-    await store.put(ENTRY)
+    path, store = await holding_entry(tmp_path)
     failures: dict[str, BaseException] = {}
 
     def cdi_full() -> None:
@@ -468,9 +470,7 @@ async def test_a_failed_action_fails_its_change_only(tmp_path: Path) -> None:
 async def test_an_action_that_fails_with_the_write_reports_the_action(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "checkpoint.json"
-    store = CheckpointStore(path, "boot-1")
-    await store.put(ENTRY)
+    _, store = await holding_entry(tmp_path)
 
     def cdi_full() -> None:
         raise OSError(errno.EROFS, "Read-only file system")
@@ -689,9 +689,7 @@ async def test_a_large_snapshots_journal_is_compacted_before_the_file_outgrows_i
 async def test_a_failed_append_is_taken_back_and_the_next_write_compacts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "checkpoint.json"
-    store = CheckpointStore(path, "boot-1")
-    await store.put(ENTRY)
+    path, store = await holding_entry(tmp_path)
     before = path.read_bytes()
 
     def half_then_full(fd: int, data: bytes) -> None:
@@ -710,9 +708,7 @@ async def test_a_failed_append_is_taken_back_and_the_next_write_compacts(
 
 async def test_a_file_replaced_behind_the_store_is_compacted_not_appended_to(tmp_path: Path) -> None:
     """Appending to the open descriptor of a replaced file would write to a file nobody reads."""
-    path = tmp_path / "checkpoint.json"
-    store = CheckpointStore(path, "boot-1")
-    await store.put(ENTRY)
+    path, store = await holding_entry(tmp_path)
     path.unlink()
     path.write_bytes(encode(CheckpointData("boot-1", {})))
     await store.put(STARTED)
@@ -806,9 +802,7 @@ async def test_a_staged_put_whose_work_fails_keeps_started_for_the_rollback(tmp_
 async def test_a_staged_put_whose_write_fails_keeps_started_in_memory_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "checkpoint.json"
-    store = CheckpointStore(path, "boot-1")
-    await store.put(ENTRY)
+    path, store = await holding_entry(tmp_path)
     ran: list[str] = []
     real_fsync = os.fsync
 
@@ -850,9 +844,7 @@ async def test_staged_puts_of_a_burst_share_writes(tmp_path: Path, monkeypatch: 
 
 
 async def test_a_removal_whose_before_fails_keeps_the_entry_and_skips_its_after(tmp_path: Path) -> None:
-    path = tmp_path / "checkpoint.json"
-    store = CheckpointStore(path, "boot-1")
-    await store.put(ENTRY)
+    path, store = await holding_entry(tmp_path)
     afters: list[str] = []
 
     def before() -> None:

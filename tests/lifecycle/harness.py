@@ -249,3 +249,33 @@ def device_taints(emu: KubeApiEmulator, driver: str, node: str = NODE) -> dict[s
 
 def slice_writes(emu: KubeApiEmulator) -> int:
     return sum(n for (_, resource), n in emu.writes.items() if resource == "resourceslices")
+
+
+def fake_values(**settings: str) -> dict[str, Any]:
+    """Chart values with the fake backend only (8 simulated A100s), as the chart README shows."""
+    return {
+        "backends": {
+            "nvidia": {"enabled": False},
+            "fake": {
+                "enabled": True,
+                "settings": {"profile": "nvidia-a100-8x", "control": "off", **settings},
+            },
+        },
+    }
+
+
+def allocated_claim(emu: KubeApiEmulator, name: str, device: str) -> dict[str, Any]:
+    """A claim the scheduler allocated `device` of this node's NVIDIA pool to (as stored)."""
+    claim = emu.create(
+        "resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": NVIDIA}}]}},
+        },
+    )
+    result = {"request": "gpu", "driver": NVIDIA, "pool": NODE, "device": device}
+    claim["status"] = {"allocation": {"devices": {"results": [result]}}}
+    emu.update("resourceclaims", claim, subresource="status")
+    return claim

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from agent.emulator import KubeApiEmulator
-from tests.lifecycle.harness import AgentPod, chart_pod
+from tests.lifecycle.harness import AgentPod, chart_pod, fake_values
 
 Breakage = Callable[[Path, dict[str, str]], str]
 """Breaks the node under the given root (or the env) and returns the text the error line must name."""
@@ -84,12 +84,7 @@ async def test_each_bad_environment_is_one_line_and_exit_2(
     root: Path, emu: KubeApiEmulator, busy_port: int
 ) -> None:
     kubeconfig = emu.write_kubeconfig(root / "kubeconfig")
-    values = {
-        "backends": {
-            "nvidia": {"enabled": False},
-            "fake": {"enabled": True, "settings": {"profile": "nvidia-a100-8x", "control": "off"}},
-        }
-    }
+    values = fake_values()
     results: dict[str, tuple[int, str, str, list[tuple[str, int]], list[tuple[str, int]]]] = {}
 
     async def one(case: str) -> None:

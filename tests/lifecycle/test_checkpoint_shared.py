@@ -23,23 +23,20 @@ import anyio
 from agent.claims.checkpoint import decode
 from agent.emulator import KubeApiEmulator
 from tests.kubelet.grpc_support import V1, grpcio_protos, grpcio_unary
-from tests.lifecycle.harness import NODE, NVIDIA, AgentPod, chart_pod, pool_slices, until
+from tests.lifecycle.harness import (
+    NVIDIA,
+    AgentPod,
+    allocated_claim,
+    chart_pod,
+    fake_values,
+    pool_slices,
+    until,
+)
 
 
-def allocated_claim(emu: KubeApiEmulator, name: str, device: str) -> Any:
+def claim_ref(emu: KubeApiEmulator, name: str, device: str) -> Any:
     """The kubelet's reference to a claim the scheduler allocated `device` of this node to."""
-    claim = emu.create(
-        "resourceclaims",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": NVIDIA}}]}},
-        },
-    )
-    result = {"request": "gpu", "driver": NVIDIA, "pool": NODE, "device": device}
-    claim["status"] = {"allocation": {"devices": {"results": [result]}}}
-    emu.update("resourceclaims", claim, subresource="status")
+    claim = allocated_claim(emu, name, device)
     return grpcio_protos().v1.Claim(namespace="default", name=name, uid=claim["metadata"]["uid"])
 
 
@@ -59,12 +56,7 @@ async def test_pods_side_by_side_write_snapshots_and_a_pod_alone_appends(
     root: Path, emu: KubeApiEmulator
 ) -> None:
     kubeconfig = emu.write_kubeconfig(root / "kubeconfig")
-    values = {
-        "backends": {
-            "nvidia": {"enabled": False},
-            "fake": {"enabled": True, "settings": {"profile": "nvidia-a100-8x", "control": "off"}},
-        },
-    }
+    values = fake_values()
     node = root / "node"
 
     def pod(uid: str, name: str) -> AgentPod:
@@ -83,14 +75,14 @@ async def test_pods_side_by_side_write_snapshots_and_a_pod_alone_appends(
         def claims() -> set[str]:
             return set(decode(checkpoint.read_bytes()).entries)
 
-        first = allocated_claim(emu, "first", "gpu-0")
+        first = claim_ref(emu, "first", "gpu-0")
         assert await call(old_socket, "NodePrepareResources", first) == ""
         assert lines() > 1  # alone: the snapshot written at start and the prepare's records
 
         new = pod("00000e", "new").start()
         pods.append(new)
         new_socket = Path(await new.register(NVIDIA))
-        second, third = allocated_claim(emu, "second", "gpu-1"), allocated_claim(emu, "third", "gpu-2")
+        second, third = claim_ref(emu, "second", "gpu-1"), claim_ref(emu, "third", "gpu-2")
         assert await call(new_socket, "NodePrepareResources", second) == ""
         assert lines() == 1 and claims() == {first.uid, second.uid}
         assert await call(old_socket, "NodePrepareResources", third) == ""
@@ -100,7 +92,7 @@ async def test_pods_side_by_side_write_snapshots_and_a_pod_alone_appends(
 
         # The old pod exits; alone again, the new one appends (once its last look at the peer is old).
         assert await old.stop(signal.SIGTERM) == 0, old.log()
-        spare = allocated_claim(emu, "spare", "gpu-3")
+        spare = claim_ref(emu, "spare", "gpu-3")
 
         async def prepared_and_appended() -> bool:
             assert await call(new_socket, "NodePrepareResources", spare) == ""

@@ -18,29 +18,17 @@ import pytest
 
 from agent.emulator import KubeApiEmulator
 from tests.kubelet.grpc_support import V1, grpcio_protos, grpcio_unary
-from tests.lifecycle.harness import NODE, NVIDIA, AgentPod, chart_pod, pool_slices, until
+from tests.lifecycle.harness import (
+    NVIDIA,
+    AgentPod,
+    allocated_claim,
+    chart_pod,
+    fake_values,
+    pool_slices,
+    until,
+)
 
 DEVICE = "gpu-1"
-
-
-def allocated_claim(emu: KubeApiEmulator) -> dict[str, Any]:
-    """A claim the scheduler allocated `DEVICE` of this node's pool to."""
-    claim = emu.create(
-        "resourceclaims",
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "train", "namespace": "default"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": NVIDIA}}]}},
-        },
-    )
-    claim["status"] = {
-        "allocation": {
-            "devices": {"results": [{"request": "gpu", "driver": NVIDIA, "pool": NODE, "device": DEVICE}]}
-        }
-    }
-    emu.update("resourceclaims", claim, subresource="status")
-    return claim
 
 
 def checkpoints(state: Path) -> str:
@@ -51,23 +39,14 @@ async def test_kill_9_during_prepare_then_the_kubelet_retry_succeeds(
     root: Path, emu: KubeApiEmulator
 ) -> None:
     kubeconfig = emu.write_kubeconfig(root / "kubeconfig")
-    values = {
-        "backends": {
-            "nvidia": {"enabled": False},
-            "fake": {
-                "enabled": True,
-                # A slow device prepare: the process is killed while it runs.
-                "settings": {"profile": "nvidia-a100-8x", "control": "off", "prepare_latency": "2"},
-            },
-        },
-    }
+    values = fake_values(prepare_latency="2")  # a slow device prepare: the process is killed while it runs
     spec = chart_pod(values, root / "node", kubeconfig=kubeconfig, pod_uid="00000c")
     cdi_root, state = spec.path("CDI_ROOT"), spec.path("DRA_AGENT_STATE_DIR")
     pods = [AgentPod(spec, root / "first.log").start()]
     try:
         await until(lambda: pool_slices(emu, NVIDIA), "the pool")
         dra_socket = Path(await pods[0].register(NVIDIA))
-        uid = allocated_claim(emu)["metadata"]["uid"]
+        uid = allocated_claim(emu, "train", DEVICE)["metadata"]["uid"]
         pb = grpcio_protos().v1
         ref = pb.Claim(namespace="default", name="train", uid=uid)
 

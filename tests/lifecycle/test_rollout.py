@@ -24,21 +24,23 @@ import anyio
 
 from agent.emulator import KubeApiEmulator
 from backends.fake.control import request
-from tests.lifecycle.harness import NVIDIA, AgentPod, chart_pod, device_taints, slice_writes, until
+from tests.lifecycle.harness import (
+    NVIDIA,
+    AgentPod,
+    chart_pod,
+    device_taints,
+    fake_values,
+    slice_writes,
+    until,
+)
 
 HOLD = 10.0
 DEVICE = "gpu-0"
 
 
-def fake_values(control: Path) -> dict[str, Any]:
-    """The chart with the fake backend only (8 simulated A100s), as the chart README shows."""
-    return {
-        "backends": {
-            "nvidia": {"enabled": False},
-            "fake": {"enabled": True, "settings": {"profile": "nvidia-a100-8x", "control": str(control)}},
-        },
-        "taintHoldSeconds": HOLD,
-    }
+def rollout_values(control: Path) -> dict[str, Any]:
+    """The chart with the fake backend only, its control socket at `control`, and the hold time."""
+    return {**fake_values(control=str(control)), "taintHoldSeconds": HOLD}
 
 
 def xid_taint(emu: KubeApiEmulator) -> dict[str, Any] | None:
@@ -50,7 +52,7 @@ async def test_a_held_taint_survives_a_restart_and_a_surge_rollout(root: Path, e
     node = root / "node"
 
     def pod(uid: str, name: str) -> AgentPod:
-        spec = chart_pod(fake_values(root / f"{name}.sock"), node, kubeconfig=kubeconfig, pod_uid=uid)
+        spec = chart_pod(rollout_values(root / f"{name}.sock"), node, kubeconfig=kubeconfig, pod_uid=uid)
         return AgentPod(spec, root / f"{name}.log")
 
     old = pod("00000a", "old").start()
