@@ -3,7 +3,7 @@
 Requests and answers are plain JSON dicts: the resource.k8s.io shapes differ between v1, v1beta2
 and v1beta1 and typed models would only add churn (and ~700 classes of memory). kubernetes-asyncio
 provides the ``Configuration`` (server, TLS files, token and its refresh, see
-`agent.kube.credentials`); the HTTP transport is our own HTTP/1.1 client over anyio streams
+`agent.kube.credentials`); the HTTP transport is our own HTTP/1.1 client on asyncio protocol callbacks
 (`agent.kube.transport`; aiohttp cost ~110 ms to import, on the way to the first claim read after
 a restart): one keep-alive connection pool for every call, at most `REQUEST_CONCURRENCY` requests
 in flight (so at most that many connections besides one per open watch), the proxy resolved once.

@@ -229,7 +229,9 @@ async def test_keep_alive_connections_are_reused_last_in_first_out() -> None:
             ports = []
             for _ in range(4):  # sequential: always the most recently used one
                 await http.request("GET", "/x", headers={}, timeout=5)
-                ports.append(http._idle[-1].stream.extra(SocketAttribute.local_port))
+                idle = http._idle[-1].transport
+                assert idle is not None
+                ports.append(idle.get_extra_info("sockname")[1])
             assert len(set(ports)) == 1 and server.connections == 3
         finally:
             await http.aclose()
@@ -573,6 +575,84 @@ async def test_streaming_read_idle_timeout() -> None:
                     await answer.next_part()
         finally:
             await http.aclose()
+
+
+async def test_a_large_request_body_waits_for_the_server_to_read_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body over the socket's buffers: the send waits until the transport drains (asyncio's
+    pause_writing / resume_writing), and the server gets it whole."""
+    body = bytes(range(256)) * (8 * 1024 * 4)  # 8 MiB
+    paused = anyio.Event()
+    pause_writing = transport._Connection.pause_writing
+
+    def spy(self: transport._Connection) -> None:
+        pause_writing(self)
+        paused.set()
+
+    monkeypatch.setattr(transport._Connection, "pause_writing", spy)
+
+    async def count(request: Request, stream: ByteStream) -> Reply:
+        return ok(b'{"size": %d}' % len(request.body))
+
+    class LateReader(Server):
+        async def serve(self, stream: ByteStream) -> None:
+            await paused.wait()  # nothing is read until the client had to wait
+            await super().serve(stream)
+
+    server = LateReader(count)
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    server.url = f"http://127.0.0.1:{listener.extra(SocketAttribute.local_port)}"
+    http = transport.HttpClient(server.url, limit=1, keepalive=60, user_agent="test")
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, server.serve)
+        try:
+            answer = await http.request("PUT", "/big", headers={}, body=body, timeout=20)
+        finally:
+            await http.aclose()
+            tg.cancel_scope.cancel()
+    assert paused.is_set()
+    assert json.loads(answer.body) == {"size": len(body)}
+    assert server.requests[0].body == body
+
+
+async def test_a_streamed_answer_not_read_yet_stops_the_socket_reads_and_arrives_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Parts nobody reads yet are buffered up to a bound, then the socket is not read (asyncio's
+    pause_reading) until a read needs more; nothing is lost or reordered."""
+    monkeypatch.setattr(transport, "_READ_AHEAD_BYTES", 10_000)
+    parts = [bytes([n]) * 5_000 for n in range(40)]  # 200 kB: fits the kernel's socket buffers
+    sent, paused = anyio.Event(), anyio.Event()
+    data_received = transport._Connection.data_received
+
+    def spy(self: transport._Connection, data: bytes) -> None:
+        data_received(self, data)
+        if self._reading_paused:
+            paused.set()
+
+    monkeypatch.setattr(transport._Connection, "data_received", spy)
+
+    async def many(request: Request, stream: ByteStream) -> Reply:
+        await stream.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for part in parts:
+            await stream.send(chunk(part))
+        sent.set()
+        return Reply(b"0\r\n\r\n")
+
+    async with serving(many) as server:
+        http = transport.HttpClient(server.url, limit=4, keepalive=60, user_agent="test")
+        try:
+            async with http.stream("GET", "/w", headers={}, connect_timeout=5, read_timeout=5) as answer:
+                connection = answer._connection
+                await sent.wait()
+                await paused.wait()
+                assert len(connection.buffer) < 10_000 + 65536  # at most one read past the bound
+                received = []
+                while (data := await answer.next_part()) is not None:
+                    received.append(data)
+            assert not connection._reading_paused
+        finally:
+            await http.aclose()
+    assert b"".join(received) == b"".join(parts)
 
 
 # ----- TLS and proxies -------------------------------------------------------------------
