@@ -3,7 +3,8 @@
 Both versions validate the request, hand the claims to the `ClaimPreparer` and answer with an
 entry for every requested claim UID. Only v1 carries ``share_id``. A `ClaimRequestError` fails
 the whole RPC with its gRPC code, as the kubelet's Go helper does; any other exception becomes
-INTERNAL with a message pointing at the agent log, never a crashed server.
+INTERNAL with a message pointing at the agent log, never a crashed server. Requests and answers
+are read and written by `agent.kubelet.drawire`, not betterproto messages (the hot path).
 """
 
 from __future__ import annotations
@@ -11,22 +12,27 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from types import ModuleType
-from typing import Any, Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 import anyio
 import grpclib.const
 from grpclib import GRPCError
 from grpclib.const import Status
 from grpclib.exceptions import StreamTerminatedError
+from grpclib.server import Stream
 
 from agent.claims.preparer import ClaimPreparer, PrepareResult
 from agent.core.backend import ClaimRef
 from agent.core.errors import ClaimRequestError
 from agent.core.logs import log_fields
 from agent.core.model import is_dns_label, is_dns_subdomain
-from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1 as pb_v1
-from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1beta1 as pb_v1beta1
+from agent.kubelet.drawire import (
+    ClaimsRequest,
+    EncodedReply,
+    WireFormatError,
+    encode_prepare_response,
+    encode_unprepare_response,
+)
 from agent.observe.metrics import Children, Metrics
 
 log = logging.getLogger("agent.kubelet.draservice")
@@ -44,11 +50,14 @@ T = TypeVar("T")
 
 
 class ClaimMessage(Protocol):
-    """The ``Claim`` message of either API version."""
+    """A ``Claim`` of either API version: `agent.kubelet.drawire.Claim` or a generated message."""
 
-    namespace: str
-    uid: str
-    name: str
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def name(self) -> str: ...
 
 
 def validate_claims(claims: Sequence[ClaimMessage]) -> list[ClaimRef]:
@@ -64,7 +73,6 @@ def validate_claims(claims: Sequence[ClaimMessage]) -> list[ClaimRef]:
         )
     refs: dict[str, ClaimRef] = {}
     for i, claim in enumerate(claims):
-        # Read once: each field access of a betterproto message goes through its __getattribute__.
         namespace, name, uid = claim.namespace, claim.name, claim.uid
         where = f"claims[{i}]"
         for field, value in (("namespace", namespace), ("uid", uid), ("name", name)):
@@ -208,122 +216,71 @@ def _missing(results: Mapping[str, T], uid: str, default: T) -> T:
     return default
 
 
-def base_request_names(requests: Sequence[str]) -> list[str]:
-    """``gpu/sub`` -> ``gpu``, duplicates dropped: the kubelet matches containers on base names."""
-    return list(dict.fromkeys(r.partition("/")[0] for r in requests))
-
-
 def _is_error(value: object) -> bool:
     if isinstance(value, PrepareResult):
         return bool(value.error)
     return bool(value)
 
 
-class _DecodingStream:
-    """A grpclib server stream whose undecodable request becomes INVALID_ARGUMENT.
+async def _receive(stream: Stream[ClaimsRequest, EncodedReply]) -> ClaimsRequest:
+    """The request; bytes that do not decode (or none) are INVALID_ARGUMENT.
 
-    betterproto raises plain exceptions (EOFError, UnicodeDecodeError...) on bad bytes, which
-    grpclib would answer as UNKNOWN "Internal Server Error" with a traceback in the log.
+    Without this grpclib answers an exception raised while decoding with UNKNOWN "Internal Server
+    Error" and logs a traceback.
     """
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-
-    async def recv_message(self) -> Any:
-        try:
-            return await self._stream.recv_message()
-        except (GRPCError, StreamTerminatedError):
-            raise
-        except Exception as exc:
-            raise GRPCError(
-                Status.INVALID_ARGUMENT, f"cannot decode the request: {type(exc).__name__}: {exc}"
-            ) from exc
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+    try:
+        request = await stream.recv_message()
+    except (GRPCError, StreamTerminatedError):
+        raise
+    except WireFormatError as exc:
+        raise GRPCError(Status.INVALID_ARGUMENT, f"cannot decode the request: {exc}") from exc
+    except Exception as exc:
+        raise GRPCError(
+            Status.INVALID_ARGUMENT, f"cannot decode the request: {type(exc).__name__}: {exc}"
+        ) from exc
+    if request is None:
+        raise GRPCError(Status.INVALID_ARGUMENT, "cannot decode the request: no request message")
+    return request
 
 
-def _guard_decoding(mapping: dict[str, grpclib.const.Handler]) -> dict[str, grpclib.const.Handler]:
-    def guarded(func: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
-        async def handler(stream: Any) -> None:
-            await func(_DecodingStream(stream))
+class _DRAPlugin:
+    """``DRAPlugin`` of one API version, its messages read and written by `agent.kubelet.drawire`."""
 
-        return handler
+    VERSION: ClassVar[str]
+    SHARE_ID: ClassVar[bool]
+    """Whether this version's ``Device`` has ``share_id``."""
 
-    return {path: h._replace(func=guarded(h.func)) for path, h in mapping.items()}
+    def __init__(self, service: DRAService) -> None:
+        self.service = service
 
-
-def _prepare_response(pb: ModuleType, results: Mapping[str, PrepareResult], *, share_id: bool) -> Any:
-    """The ``NodePrepareResourcesResponse`` of one API version (`pb`: its generated module)."""
-
-    def device(d: Any) -> Any:
-        fields: dict[str, Any] = {
-            "request_names": base_request_names(d.requests),
-            "pool_name": d.pool,
-            "device_name": d.device,
-            "cdi_device_ids": list(d.cdi_device_ids),
+    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
+        prefix = f"/k8s.io.kubelet.pkg.apis.dra.{self.VERSION}.DRAPlugin/"
+        unary = grpclib.const.Cardinality.UNARY_UNARY
+        return {
+            prefix + PREPARE: grpclib.const.Handler(self._prepare, unary, ClaimsRequest, EncodedReply),
+            prefix + UNPREPARE: grpclib.const.Handler(self._unprepare, unary, ClaimsRequest, EncodedReply),
         }
-        if share_id:  # v1 only
-            fields["share_id"] = d.share_id
-        return pb.Device(**fields)
 
-    return pb.NodePrepareResourcesResponse(
-        claims={
-            uid: pb.NodePrepareResourceResponse(
-                devices=[] if r.error else [device(d) for d in r.devices], error=r.error
-            )
-            for uid, r in results.items()
-        }
-    )
+    async def _prepare(self, stream: Stream[ClaimsRequest, EncodedReply]) -> None:
+        request = await _receive(stream)
+        results = await self.service.prepare(self.VERSION, request.claims)
+        await stream.send_message(EncodedReply(encode_prepare_response(results, share_id=self.SHARE_ID)))
+
+    async def _unprepare(self, stream: Stream[ClaimsRequest, EncodedReply]) -> None:
+        request = await _receive(stream)
+        errors = await self.service.unprepare(self.VERSION, request.claims)
+        await stream.send_message(EncodedReply(encode_unprepare_response(errors)))
 
 
-class DRAPluginV1(pb_v1.DraPluginBase):
+class DRAPluginV1(_DRAPlugin):
     """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` (Kubernetes 1.34+), with ``share_id``."""
 
-    def __init__(self, service: DRAService) -> None:
-        self.service = service
-
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return _guard_decoding(super().__mapping__())
-
-    async def node_prepare_resources(
-        self, node_prepare_resources_request: pb_v1.NodePrepareResourcesRequest
-    ) -> pb_v1.NodePrepareResourcesResponse:
-        results = await self.service.prepare("v1", node_prepare_resources_request.claims)
-        response: pb_v1.NodePrepareResourcesResponse = _prepare_response(pb_v1, results, share_id=True)
-        return response
-
-    async def node_unprepare_resources(
-        self, node_unprepare_resources_request: pb_v1.NodeUnprepareResourcesRequest
-    ) -> pb_v1.NodeUnprepareResourcesResponse:
-        results = await self.service.unprepare("v1", node_unprepare_resources_request.claims)
-        return pb_v1.NodeUnprepareResourcesResponse(
-            claims={uid: pb_v1.NodeUnprepareResourceResponse(error=e) for uid, e in results.items()}
-        )
+    VERSION = "v1"
+    SHARE_ID = True
 
 
-class DRAPluginV1Beta1(pb_v1beta1.DraPluginBase):
+class DRAPluginV1Beta1(_DRAPlugin):
     """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (Kubernetes 1.32+), without ``share_id``."""
 
-    def __init__(self, service: DRAService) -> None:
-        self.service = service
-
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return _guard_decoding(super().__mapping__())
-
-    async def node_prepare_resources(
-        self, node_prepare_resources_request: pb_v1beta1.NodePrepareResourcesRequest
-    ) -> pb_v1beta1.NodePrepareResourcesResponse:
-        results = await self.service.prepare("v1beta1", node_prepare_resources_request.claims)
-        response: pb_v1beta1.NodePrepareResourcesResponse = _prepare_response(
-            pb_v1beta1, results, share_id=False
-        )
-        return response
-
-    async def node_unprepare_resources(
-        self, node_unprepare_resources_request: pb_v1beta1.NodeUnprepareResourcesRequest
-    ) -> pb_v1beta1.NodeUnprepareResourcesResponse:
-        results = await self.service.unprepare("v1beta1", node_unprepare_resources_request.claims)
-        return pb_v1beta1.NodeUnprepareResourcesResponse(
-            claims={uid: pb_v1beta1.NodeUnprepareResourceResponse(error=e) for uid, e in results.items()}
-        )
+    VERSION = "v1beta1"
+    SHARE_ID = False
