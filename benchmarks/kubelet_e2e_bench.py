@@ -53,6 +53,7 @@ import yaml
 
 from agent.claims.atomicfile import write_atomic
 from backends.fake.devicefile import write_device_file
+from benchmarks import prepare_timeline
 from tests.kubelet.grpc_support import GrpcioProtos, generate_grpcio_protos
 
 NODE = "bench-node"
@@ -255,17 +256,21 @@ def get_all(url: str, claims: Sequence[Mapping[str, str]], in_flight: int) -> fl
     return took
 
 
-def claim_get_round_trips(url: str, claim: Mapping[str, str], count: int) -> list[float]:
-    """One claim GET after another on one keep-alive connection: the emulator's part of a prepare."""
+def claim_get_round_trips(url: str, claim: Mapping[str, str], count: int, pause: float = 0.0) -> list[float]:
+    """One claim GET after another on one keep-alive connection: the emulator's part of a prepare.
+
+    `pause` seconds between them: the API server then waits idle between requests, as between
+    the prepares of the sequence (an idle process answers later: it is woken, its caches are cold).
+    """
     client = Api(url)
     path = f"{CLAIMS}/{claim['name']}"
     client.call("GET", path)
-    took = [timed(lambda: client.call("GET", path))[0] for _ in range(count)]
+    took = [paced(lambda: client.call("GET", path), pause) for _ in range(count)]
     client.connection.close()
     return took
 
 
-def durable_appends(directory: Path, count: int) -> list[float]:
+def durable_appends(directory: Path, count: int, pause: float = 0.0) -> list[float]:
     """The agent's durable checkpoint write since the journal: one record appended and fsynced, in
     the checkpoint's directory (a 1-claim record's size): the disk's part of a prepare."""
     target = directory / "floor-probe.journal"
@@ -277,7 +282,7 @@ def durable_appends(directory: Path, count: int) -> list[float]:
         os.fsync(fd)
 
     try:
-        took = [timed(append)[0] for _ in range(count)]
+        took = [paced(append, pause) for _ in range(count)]
     finally:
         os.close(fd)
         target.unlink()
@@ -294,7 +299,7 @@ def durable_replacements(directory: Path, count: int) -> list[float]:
     return took
 
 
-def device_file_writes(directory: Path, count: int) -> tuple[list[float], list[float]]:
+def device_file_writes(directory: Path, count: int, pause: float = 0.0) -> tuple[list[float], list[float]]:
     """The fake backend's device file as it writes and removes one per claim (`backends.fake.devicefile`),
     in the directory it uses by default (``<state dir>/fake-devices``): (writes, removals)."""
     folder = directory / "fake-devices-probe"
@@ -304,14 +309,14 @@ def device_file_writes(directory: Path, count: int) -> tuple[list[float], list[f
     try:
         for i in range(count):
             path = folder / f"{i:036d}-gpu-0.json"
-            writes.append(timed(lambda p=path: write_device_file(p, document))[0])  # type: ignore[misc]
-            removals.append(timed(path.unlink)[0])
+            writes.append(paced(lambda p=path: write_device_file(p, document), pause))  # type: ignore[misc]
+            removals.append(paced(path.unlink, pause))
     finally:
         folder.rmdir()
     return writes, removals
 
 
-def thread_hops(count: int) -> list[float]:
+def thread_hops(count: int, pause: float = 0.0) -> list[float]:
     """An `anyio.to_thread.run_sync` of a no-op: what each blocking file step costs the event loop."""
 
     async def measure() -> list[float]:
@@ -320,9 +325,19 @@ def thread_hops(count: int) -> list[float]:
             start = time.perf_counter()
             await anyio.to_thread.run_sync(int)
             hops.append(time.perf_counter() - start)
+            if pause:
+                await anyio.sleep(pause)
         return hops
 
     return anyio.run(measure)
+
+
+def paced(call: Callable[[], Any], pause: float) -> float:
+    """`call`'s time, then `pause` seconds idle (none: back to back)."""
+    took = timed(call)[0]
+    if pause:
+        time.sleep(pause)
+    return took
 
 
 def timed(call: Callable[[], Any]) -> tuple[float, Any]:
@@ -331,14 +346,57 @@ def timed(call: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, answer
 
 
-def deployed_env() -> dict[str, str]:
+def paced_floors(
+    figures: Mapping[str, float],
+    kubelet: Kubelet,
+    *,
+    url: str,
+    claim: Mapping[str, str],
+    state: Path,
+    device_files: bool,
+) -> dict[str, float]:
+    """The floors again, each probe as far apart as the sequence's calls (one prepare and one
+    unprepare): the kubelet's client, the agent, the API server, the worker thread and the disk
+    are then idle between them, as they are around a prepare; back to back they answer faster
+    than a prepare ever sees (the empty round trip of the targets is measured back to back)."""
+    pause = (figures["prepare p50 (ms)"] + figures["unprepare p50 (ms)"]) / 1000
+    paced_empty = pct([paced(lambda: kubelet.prepare([]), pause) for _ in range(200)], 0.5)
+    paced_get = pct(claim_get_round_trips(url, claim, 200, pause), 0.5)
+    paced_append = pct(durable_appends(state, 200, pause), 0.5)
+    paced_hop = pct(thread_hops(200, pause), 0.5)
+    write = removal = 0.0
+    if device_files:
+        writes, removals = device_file_writes(state, 200, pause)
+        write, removal = pct(writes, 0.5), pct(removals, 0.5)
+    empty = figures["empty round trip p50 (ms)"]
+    prepare_floor = paced_empty + paced_get + paced_append + paced_hop + write
+    unprepare_floor = paced_empty + paced_append + paced_hop + removal
+    return {
+        "paced: empty round trip p50 (ms)": paced_empty,
+        "paced: claim GET round trip p50 (ms)": paced_get,
+        "paced: durable checkpoint append p50 (ms)": paced_append,
+        "paced: thread hop p50 (ms)": paced_hop,
+        "paced: fake device file write p50 (ms)": write,
+        "paced: prepare floor (ms)": prepare_floor,
+        "paced: prepare floor / empty p50": prepare_floor / empty,
+        "paced: prepare p50 above its floor (ms)": figures["prepare p50 (ms)"] - prepare_floor,
+        "paced: unprepare floor (ms)": unprepare_floor,
+        "paced: unprepare floor / empty p50": unprepare_floor / empty,
+        "paced: unprepare p50 above its floor (ms)": figures["unprepare p50 (ms)"] - unprepare_floor,
+    }
+
+
+def deployed_env(timeline: Path | None = None) -> dict[str, str]:
     """The agent's environment as in its image: modules run from compiled bytecode.
 
     pip compiles every module when it installs the image's wheels; a source checkout with
     ``PYTHONDONTWRITEBYTECODE=1`` (as this machine sets it) would compile the agent's ~130 modules
     at every start instead (~95 ms here). `compile_agent` compiles them beforehand, as pip does.
     """
-    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if timeline is not None:
+        env["DRA_BENCH_TIMELINE"] = str(timeline)
+    return env
 
 
 def compile_agent() -> None:
@@ -365,10 +423,14 @@ class AgentProcess:
         pod_uid: str = "",
         *,
         backend: str = "fake:profile=nvidia-a100-8x,control=off",
+        timeline: Path | None = None,
     ) -> None:
         self.root = root
+        self.timeline = timeline
+        # With a timeline, the agent runs through `benchmarks.prepare_timeline` (its marks).
+        module = "benchmarks.prepare_timeline" if timeline is not None else "agent.cli"
         self.args = [
-            sys.executable, "-m", "agent.cli", "run", "--node-name", NODE,
+            sys.executable, "-m", module, "run", "--node-name", NODE,
             "--kube", "kubeconfig", "--kubeconfig", str(kubeconfig),
             "--backend", backend,
             "--registry-dir", str(root / "registry"), "--plugins-dir", str(root / "plugins"),
@@ -392,7 +454,7 @@ class AgentProcess:
             self.args,
             stdout=subprocess.DEVNULL,
             stderr=self.root.joinpath("agent.log").open("ab"),
-            env=deployed_env(),
+            env=deployed_env(self.timeline),
         )
         while not self.registration.exists():
             if self.proc.poll() is not None:
@@ -458,6 +520,7 @@ def run(
     *,
     start_only: bool = False,
     device_files: bool = True,
+    timeline: bool = False,
 ) -> dict[str, float]:
     figures: dict[str, float] = {}
     with ExitStack() as stack:
@@ -485,7 +548,10 @@ def run(
         cdi = stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-cdi-", dir=CDI_PARENT))
         state = stack.enter_context(tempfile.TemporaryDirectory(prefix="dra-e2e-state-", dir=state_parent))
         backend = "fake:profile=nvidia-a100-8x,control=off" + ("" if device_files else ",device_files=off")
-        agent = AgentProcess(root, Path(cdi), Path(state), kubeconfig, pod_uid, backend=backend)
+        marks = root / "timeline.json" if timeline else None
+        agent = AgentProcess(
+            root, Path(cdi), Path(state), kubeconfig, pod_uid, backend=backend, timeline=marks
+        )
         try:
             assert emulator.stdout is not None
             emulator.stdout.readline()
@@ -518,6 +584,8 @@ def run(
                     prepare.append(took)
                     unprepare.append(timed(lambda c=claim: kubelet.unprepare([c]))[0])  # type: ignore[misc]
                 pairs_cpu = cpu_ms(agent.pid) - before_pairs
+            if marks is not None:  # now, before the bursts and the restart add their own calls
+                print(prepare_timeline.format_table(marks), end="\n\n")
             # What the agent's threads spent on the CPU per call (the rest of a call's time is
             # waiting: the disk, the API server, the kubelet, the other threads and processes).
             figures["agent CPU per empty call (ms)"] = empty_cpu / prepares
@@ -570,6 +638,11 @@ def run(
             figures["prepare p50 above its floor (ms)"] = figures["prepare p50 (ms)"] - prepare_floor
             figures["unprepare floor (ms)"] = unprepare_floor
             figures["unprepare p50 above its floor (ms)"] = figures["unprepare p50 (ms)"] - unprepare_floor
+            figures.update(
+                paced_floors(
+                    figures, kubelet, url=url, claim=claims[0], state=Path(state), device_files=device_files
+                )
+            )
 
             figures["RSS after the prepares (MiB)"] = rss_mib(agent.pid)
             # Rounds 1 and 2 are timed (a second shows whether memory grows per burst); round 3
@@ -657,9 +730,17 @@ def main(
     *,
     start_only: bool = False,
     device_files: bool = True,
+    timeline: bool = False,
 ) -> None:
     figures = run(
-        prepares, settle, py_spy, state_parent, pod_uid, start_only=start_only, device_files=device_files
+        prepares,
+        settle,
+        py_spy,
+        state_parent,
+        pod_uid,
+        start_only=start_only,
+        device_files=device_files,
+        timeline=timeline,
     )
     width = max(len(k) for k in figures)
     print(f"{'measure'.ljust(width)}  {'value':>9}  target")
@@ -706,6 +787,12 @@ if __name__ == "__main__":
         help="the fake backend without its per-claim device files (device_files=off): like the "
         "hardware backends, which write no file per prepared claim",
     )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="run the agent through benchmarks.prepare_timeline and print where a prepare's and an "
+        "unprepare's wall time goes inside it (a timeline of marks; the figures then include them)",
+    )
     args = parser.parse_args()
     main(
         200 if args.quick else 1000,
@@ -715,4 +802,5 @@ if __name__ == "__main__":
         args.pod_uid,
         start_only=args.start_only,
         device_files=not args.no_device_files,
+        timeline=args.timeline,
     )
