@@ -11,7 +11,9 @@ reused connection, only when no byte of the answer came back, only GET/HEAD/OPTI
 from __future__ import annotations
 
 import json
+import socket
 import ssl
+import struct
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -413,6 +415,26 @@ async def test_no_answer_within_the_timeout() -> None:
             finally:
                 await kube.close()
         assert error.value.status == 0
+
+
+async def test_a_reset_mid_body_is_connection_lost_naming_the_reset() -> None:
+    """The server resets the connection (RST, not FIN) half-way through the body: the error says so."""
+
+    async def reset(request: Request, stream: ByteStream) -> Reply | None:
+        await stream.send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{")
+        raw = stream.extra(SocketAttribute.raw_socket)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        return None
+
+    async with serving(reset) as server:
+        kube = client(server.url)
+        try:
+            lost = "API server connection lost: ConnectionResetError"
+            with pytest.raises(KubeApiError, match=lost) as error:
+                await kube.request("GET", CLAIM)
+        finally:
+            await kube.close()
+    assert error.value.status == 0
 
 
 @pytest.mark.parametrize(
