@@ -521,6 +521,7 @@ def run(
     start_only: bool = False,
     device_files: bool = True,
     timeline: bool = False,
+    held: int = 0,
 ) -> dict[str, float]:
     figures: dict[str, float] = {}
     with ExitStack() as stack:
@@ -574,7 +575,16 @@ def run(
             before_empty = cpu_ms(agent.pid)
             empty = [timed(lambda: kubelet.prepare([]))[0] for _ in range(prepares)]
             empty_cpu = cpu_ms(agent.pid) - before_empty
-            claims = [api.allocated_claim(f"seq-{i}", devices[i % len(devices)]) for i in range(prepares)]
+            # --held: claims kept prepared during the sequence (on the other devices, so that the
+            # sequence's claims stay exclusive): what a call costs on a node with many claims.
+            sequence_devices = devices[:1] if held else devices
+            for i in range(held):
+                kept = api.allocated_claim(f"held-{i}", devices[1 + i % (len(devices) - 1)])
+                assert not kubelet.prepare([kept]).claims[kept["uid"]].error
+            claims = [
+                api.allocated_claim(f"seq-{i}", sequence_devices[i % len(sequence_devices)])
+                for i in range(prepares)
+            ]
             prepare, unprepare = [], []
             with profiled(py_spy, "sequential", agent.pid):
                 before_pairs = cpu_ms(agent.pid)
@@ -731,6 +741,7 @@ def main(
     start_only: bool = False,
     device_files: bool = True,
     timeline: bool = False,
+    held: int = 0,
 ) -> None:
     figures = run(
         prepares,
@@ -741,6 +752,7 @@ def main(
         start_only=start_only,
         device_files=device_files,
         timeline=timeline,
+        held=held,
     )
     width = max(len(k) for k in figures)
     print(f"{'measure'.ljust(width)}  {'value':>9}  target")
@@ -793,6 +805,14 @@ if __name__ == "__main__":
         help="run the agent through benchmarks.prepare_timeline and print where a prepare's and an "
         "unprepare's wall time goes inside it (a timeline of marks; the figures then include them)",
     )
+    parser.add_argument(
+        "--held",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N claims prepared (on all devices but the first) during the sequence, whose "
+        "claims then all use the first device: a call's cost on a node with many claims",
+    )
     args = parser.parse_args()
     main(
         200 if args.quick else 1000,
@@ -803,4 +823,5 @@ if __name__ == "__main__":
         start_only=args.start_only,
         device_files=not args.no_device_files,
         timeline=args.timeline,
+        held=args.held,
     )

@@ -714,6 +714,8 @@ class CheckpointStore:
         """Device name -> UIDs of the entries naming it: a share's peers without a scan of all entries."""
         self._changed: dict[str, None] = {}
         """UIDs changed since the last write took its changes: the records of the next append."""
+        self._touched: set[str] = set()
+        """UIDs changed in memory since `take_touched` (what the gauges and listener must look at)."""
         self._compact = True
         """The next write writes a new snapshot (the file is not known to hold memory's entries)."""
         self._write_lock = anyio.Lock(fast_acquire=True)  # no loop trip when uncontended
@@ -876,9 +878,15 @@ class CheckpointStore:
     def _restore(self, uid: str, previous: ClaimEntry | None) -> None:
         self._set(uid, previous)
 
+    def take_touched(self) -> set[str]:
+        """The UIDs whose entry changed (or was restored) since the last call."""
+        touched, self._touched = self._touched, set()
+        return touched
+
     def _set(self, uid: str, entry: ClaimEntry | None) -> None:
         """Add, replace (`entry`) or drop (None) the entry of `uid`, keeping the device index."""
         self._changed[uid] = None
+        self._touched.add(uid)
         old = self._entries.get(uid)
         if old is not None:
             for device in old.devices:
@@ -895,6 +903,7 @@ class CheckpointStore:
             self._by_device.setdefault(device.device, {})[uid] = None
 
     def _replace_all(self, entries: Mapping[str, ClaimEntry]) -> None:
+        self._touched.update(self._entries)  # the entries that go are changes too
         self._entries, self._by_device = {}, {}
         for uid, entry in entries.items():
             self._set(uid, entry)

@@ -59,6 +59,10 @@ class Inventory:
             for _, d in sorted(self._devices.items())
         )
 
+    def device(self, name: str) -> Device | None:
+        """One discovered device as discovered (its health not applied: see `devices`)."""
+        return self._devices.get(name)
+
     def device_names(self) -> frozenset[str]:
         return frozenset(self._devices)
 

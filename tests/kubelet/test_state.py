@@ -621,14 +621,28 @@ async def test_file_lock_rereads_the_checkpoint_only_after_another_writer(
 
 
 class RecordingListener:
-    def __init__(self) -> None:
-        self.told: list[set[str]] = []
+    """Keeps the prepared claims as the deltas tell them, and each delta's changed UIDs."""
 
-    def prepared_changed(self, driver: str, prepared: Any) -> None:
-        self.told.append({ref.uid for ref in prepared})
+    def __init__(self) -> None:
+        self.prepared: dict[str, tuple[str, ...]] = {}
+        self.told: list[tuple[set[str], set[str]]] = []
+        """(prepared UIDs, unprepared UIDs) of each call."""
+
+    def prepared_changed(self, driver: str, prepared: Any, unprepared: Any) -> None:
+        for ref in unprepared:
+            del self.prepared[ref.uid]  # never told of one it did not know
+        for ref, devices in prepared.items():
+            self.prepared[ref.uid] = devices
+        self.told.append(({ref.uid for ref in prepared}, {ref.uid for ref in unprepared}))
 
     def claims_read(self, claims: Any) -> None:
         pass
+
+
+def prepared_gauges(metrics: Metrics) -> tuple[float | None, float | None]:
+    sample = metrics.registry.get_sample_value
+    labels = {"driver": DRIVER}
+    return sample("dra_agent_prepared_claims", labels), sample("dra_agent_prepared_devices", labels)
 
 
 @pytest.mark.parametrize("file_lock", [False, True], ids=["no-lock", "file-lock"])
@@ -647,20 +661,57 @@ async def test_concurrent_calls_report_the_prepared_claims_once_the_last_one_end
         lock_path=tmp_path / "serialize.lock" if file_lock else None,
     )
     await state.start()
-    listener.told.clear()
     async with anyio.create_task_group() as tg:
         for claim in claims:
             tg.start_soon(state.prepare, [ref_of(claim)])
     assert 1 <= len(listener.told) < 20
-    assert listener.told[-1] == {f"u{i}" for i in range(20)}
-    assert metrics.registry.get_sample_value("dra_agent_prepared_claims", {"driver": DRIVER}) == 20
-    # A call that fails as a whole still reports what the others changed meanwhile.
+    assert set(listener.prepared) == {f"u{i}" for i in range(20)}
+    assert sum(len(prepared) for prepared, _ in listener.told) == 20  # each claim told once
+    assert prepared_gauges(metrics) == (20, 20)
+    # A call that fails as a whole changes nothing, and tells nothing.
     listener.told.clear()
     with pytest.raises(ClaimRequestError):
         await state.prepare([ClaimRef("default", "missing", "u-missing")])
-    assert listener.told == [{f"u{i}" for i in range(20)}]
+    assert listener.told == []
+    assert prepared_gauges(metrics) == (20, 20)
     assert await state.unprepare([ref_of(c) for c in claims]) == {f"u{i}": "" for i in range(20)}
-    assert listener.told[-1] == set()
+    assert listener.told[-1] == (set(), {f"u{i}" for i in range(20)})
+    assert listener.prepared == {}
+    assert prepared_gauges(metrics) == (0, 0)
+
+
+async def test_the_listener_and_gauges_hear_only_the_claims_that_changed(tmp_path: Path) -> None:
+    """With many claims prepared, a prepare and an unprepare tell the one claim each (the cost of a
+    call does not grow with the claims on the node); a failed unprepare, rolled back, tells nothing;
+    a restart tells every prepared claim again."""
+    held = [make_claim(f"h{i}", devices=(f"gpu-{i % 4}",)) for i in range(30)]
+    one = make_claim("one", devices=("gpu-0", "gpu-1"))
+    source = FakeClaimSource([*held, one])
+    listener, metrics = RecordingListener(), Metrics()
+    state, backend = build(tmp_path, source, listener=listener, metrics=metrics)
+    await state.start()
+    assert listener.told == []  # nothing prepared: nothing to tell
+    for claim in held:
+        await state.prepare([ref_of(claim)])
+    listener.told.clear()
+    await state.prepare([ref_of(one)])
+    assert listener.told == [({"one"}, set())]
+    assert listener.prepared["one"] == ("gpu-0", "gpu-1")
+    assert prepared_gauges(metrics) == (31, 32)
+    await state.prepare([ref_of(one)])  # prepared already: no change
+    assert listener.told == [({"one"}, set())]
+    backend.fail_unprepare.add("gpu-1")
+    assert (await state.unprepare([ref_of(one)]))["one"] != ""
+    assert listener.told == [({"one"}, set())] and prepared_gauges(metrics) == (31, 32)
+    backend.fail_unprepare.clear()
+    assert await state.unprepare([ref_of(one)]) == {"one": ""}
+    assert listener.told[-1] == (set(), {"one"})
+    assert prepared_gauges(metrics) == (30, 30)
+    restarted_listener, restarted_metrics = RecordingListener(), Metrics()
+    restarted, _ = build(tmp_path, source, listener=restarted_listener, metrics=restarted_metrics)
+    await restarted.start()
+    assert restarted_listener.told == [({f"h{i}" for i in range(30)}, set())]
+    assert prepared_gauges(restarted_metrics) == (30, 30)
 
 
 class GatedBackend(FakeBackend):

@@ -30,7 +30,7 @@ from agent.kubelet._protos.v1 import (
 )
 from agent.kubelet.podresources import ContainerDevice, PodResourcesClient, PodResourcesUnavailable
 from agent.kubelet.workloads import WorkloadAttribution
-from agent.observe.allocations import AllocationSeries
+from agent.observe.allocations import Allocation, AllocationSeries
 from agent.observe.metrics import Metrics
 from tests.kubelet.fakes import DRIVER, NODE, FakeBackend, FakeClaimSource, make_claim, ref_of
 from tests.kubelet.grpc_support import short_tmp_dir
@@ -270,3 +270,42 @@ async def test_series_are_bounded_by_devices_not_history(tmp_path: Path, sock_di
             await rig.state.unprepare([ref_of(claim)])
         assert series(rig.metrics) == set()
         tg.cancel_scope.cancel()
+
+
+async def test_series_take_the_uuids_of_devices_discovered_after_the_claim(
+    tmp_path: Path, sock_dir: Path
+) -> None:
+    """A claim restored before its backend discovered the devices gets UUIDs at the next refresh
+    after discovery: only changed claims are republished, and a new inventory changes them all."""
+    claim = reserved_claim(devices=("gpu-3",))
+    rig = Rig(tmp_path, FakeClaimSource([claim]), sock_dir / "absent.sock")
+    inventory = rig.attribution.inventories[DRIVER]
+    inventory.set_devices([])  # not discovered yet
+    await rig.state.start()
+    await rig.state.prepare([ref_of(claim)])
+    await rig.attribution.refresh()
+    assert series(rig.metrics) == {("gpu-3", "", "default", POD, "", "train")}
+    inventory.set_devices(make_devices(4))
+    await rig.attribution.refresh()
+    assert series(rig.metrics) == {("gpu-3", "GPU-00000003", "default", POD, "", "train")}
+
+
+def test_a_claims_series_are_replaced_alone() -> None:
+    """`AllocationSeries.set_claim` changes one claim's series: the others stay, none means gone."""
+    metrics = Metrics()
+    allocations = AllocationSeries(metrics)
+
+    def allocation(device: str, pod: str, claim: str) -> Allocation:
+        return Allocation(DRIVER, NODE, device, f"UUID-{device}", "", "default", pod, "", claim)
+
+    allocations.set_claim(DRIVER, "u1", [allocation("gpu-0", "p1", "c1")])
+    allocations.set_claim(DRIVER, "u2", [allocation("gpu-1", "p2", "c2")])
+    allocations.set_claim(DRIVER, "u1", [allocation("gpu-0", "p1", "c1"), allocation("gpu-2", "p1", "c1")])
+    assert series(metrics) == {
+        ("gpu-0", "UUID-gpu-0", "default", "p1", "", "c1"),
+        ("gpu-2", "UUID-gpu-2", "default", "p1", "", "c1"),
+        ("gpu-1", "UUID-gpu-1", "default", "p2", "", "c2"),
+    }
+    allocations.set_claim(DRIVER, "u1", [allocation("gpu-2", "p3", "c1")])
+    allocations.set_claim(DRIVER, "u2", ())
+    assert series(metrics) == {("gpu-2", "UUID-gpu-2", "default", "p3", "", "c1")}
