@@ -1,10 +1,12 @@
 """Per-workload attribution: keeps the allocation info series in step with the prepared claims.
 
-The claim state calls `WorkloadAttribution.prepared_changed` after every prepare, unprepare and
-the start-up checkpoint load (the checkpoint survives restarts, so the series come back with it).
-A claim that is gone loses its series at once; a new claim gets its consumers from the kubelet's
-PodResources API (pod and container per device) or, where the kubelet does not report it (socket
-absent, older kubelet, container not started yet), from the claim's ``reservedFor`` (pod only).
+The claim state calls `WorkloadAttribution.prepared_changed` with the claims that changed: every
+prepared claim after the start-up checkpoint load (the checkpoint survives restarts, so the series
+come back with it), then those its calls prepared or unprepared; only their series change, so a
+call costs the same however many claims the node holds. A claim that is gone loses its series
+at once; a new claim gets its consumers from the kubelet's PodResources API (pod and container
+per device) or, where the kubelet does not report it (socket absent, older kubelet, container not
+started yet), from the claim's ``reservedFor`` (pod only).
 `run` re-resolves shortly after a change (`SETTLE_SECONDS`) and on an interval, so a pod's
 containers replace the pod-only series once they run.
 """
