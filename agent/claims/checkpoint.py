@@ -608,11 +608,12 @@ def _write_group(
     try:
         file = _write_changes(
             path,
-            replace(job, compact=job.compact or shared),
+            job.boot_id,
             entries=entries,
             changed=job.changed,
             file=file,
             durable=job.durable and not job.stages,
+            compact=job.compact or shared,
             texts=texts,
         )
         if job.stages:
@@ -623,11 +624,12 @@ def _write_group(
             done = [stage.uid for stage in job.stages if stage.result is not None]
             file = _write_changes(
                 path,
-                replace(job, compact=shared),
+                job.boot_id,
                 entries=entries,
                 changed=done,
                 file=file,
                 durable=job.durable,
+                compact=shared,
                 texts=texts,
             )
     except OSError as error:
@@ -643,24 +645,26 @@ def _write_group(
 
 def _write_changes(
     path: Path,
-    job: _Write,
+    boot_id: str,
     *,
     entries: dict[str, ClaimEntry],
     changed: Collection[str],
     file: _OpenFile | None,
     durable: bool,
+    compact: bool,
     texts: EntryTexts,
 ) -> _OpenFile | None:
     """Append the records of `changed`, or compact: a new snapshot of `entries`, replacing the file
-    crash-safely, when asked, when the journal outgrew its snapshot, or when the file at `path` is
-    not the one open (replaced or edited by someone else). Raises OSError with `file` untouched."""
+    crash-safely, when asked (`compact`), when the journal outgrew its snapshot, or when the file at
+    `path` is not the one open (replaced or edited by someone else). Raises OSError with `file`
+    untouched."""
     if (
-        job.compact
+        compact
         or file is None
         or file.shape.journal_bytes > _journal_limit(file.shape)
         or not _still_open(path, file)
     ):
-        return _compact(path, CheckpointData(job.boot_id, entries), file, durable, texts)
+        return _compact(path, CheckpointData(boot_id, entries), file, durable, texts)
     records = b"".join(encode_record(uid, entries.get(uid), texts) for uid in changed)
     return _append(path, records, file, durable)
 

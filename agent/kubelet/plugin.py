@@ -209,7 +209,7 @@ def another_pod_serving(own_socket: Path) -> bool:
             except (ConnectionRefusedError, FileNotFoundError):
                 continue  # left behind by a pod that is gone
             except OSError:
-                return True  # there, but busy (a full backlog): serving
+                pass  # there, but busy (a full backlog): serving
             return True
     return False
 

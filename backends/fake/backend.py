@@ -273,15 +273,10 @@ class FakeBackend:
         self._check_injected_failure(device)
         if self._partitions is not None and device in self._partitions.placements:
             self._partitions.create(device, claim.uid)
-        mounts: tuple[Mount, ...] = ()
-        if self._device_files is not None:
-            path = devicefile.host_path(self._device_files, claim, device)
-            document = devicefile.describe(self._description(found), claim)
-            await anyio.to_thread.run_sync(self._write_device_file, path, document)
-            mounts = (Mount(str(path), devicefile.container_path(self._driver, device)),)
-        edits = self._edits(found, mounts)
-        self.prepared[key] = edits
-        return edits
+        work = self._prepare_work(found, claim)
+        if self._device_files is None:
+            return work()  # nothing blocking to do
+        return await anyio.to_thread.run_sync(work)
 
     def plan_prepare(self, device: str, claim: ClaimRef) -> PreparePlan | None:
         """`prepare` as a check and the device file's write (`PlansPrepare`); None with latency or MIG."""
@@ -297,21 +292,25 @@ class FakeBackend:
         ):
             return None
         self._check_injected_failure(device)
+        return self._prepare_work(found, claim)
+
+    def _prepare_work(self, found: Device, claim: ClaimRef) -> PreparePlan:
+        """The rest of a prepare once checked: the device file written (blocking), the edits recorded."""
         mounts: tuple[Mount, ...] = ()
         write: Callable[[], None] | None = None
         if self._device_files is not None:
-            path = devicefile.host_path(self._device_files, claim, device)
-            mounts = (Mount(str(path), devicefile.container_path(self._driver, device)),)
+            path = devicefile.host_path(self._device_files, claim, found.name)
+            mounts = (Mount(str(path), devicefile.container_path(self._driver, found.name)),)
             document = devicefile.describe(self._description(found), claim)
             write = functools.partial(self._write_device_file, path, document)
         edits = self._edits(found, mounts)
 
         def prepare() -> ContainerEdits:
-            # Recorded once done, as `prepare` does: a plan that never runs (the core fell back to
-            # `prepare` for another device, or refused the claim) leaves nothing behind.
+            # Recorded once done: a plan that never runs (the core fell back to `prepare` for
+            # another device, or refused the claim) leaves nothing behind.
             if write is not None:
                 write()
-            self.prepared[key] = edits
+            self.prepared[(claim.uid, found.name)] = edits
             return edits
 
         return prepare
