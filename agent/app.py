@@ -51,7 +51,13 @@ def create_backend_set(config: AgentConfig) -> tuple[list[Backend], frozenset[st
         factory = load_backend_factory(spec.name)
         settings = dict(spec.backend_settings)
         excluded = parse_exclusions(settings.pop(EXCLUDE_SETTING, ""))
-        options = BackendOptions(config.node_name, spec.driver_name, settings, state_dir=config.state_dir)
+        options = BackendOptions(
+            config.node_name,
+            spec.driver_name,
+            settings,
+            state_dir=config.state_dir,
+            health_interval=config.health_interval_seconds,
+        )
         created = [exclude_devices(backend, excluded) for backend in factory(options)]
         backends.extend(created)
         if spec.optional:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from agent.core.backend import DEFAULT_HEALTH_INTERVAL
 from agent.core.errors import ConfigError
 from agent.core.logs import LOG_FORMATS, LOG_LEVELS
 from agent.core.model import check_driver_name, is_dns_subdomain
@@ -70,6 +71,7 @@ class AgentConfig:
     health_debounce_seconds: float = 0.05
     resync_seconds: float = 300.0
     telemetry_interval_seconds: float = 10.0
+    health_interval_seconds: float = DEFAULT_HEALTH_INTERVAL
     serve_kubelet: bool = True
     print_for: str = "1.36"
 
@@ -271,6 +273,13 @@ OPTIONS: tuple[Option, ...] = (
         "DRA_AGENT_TELEMETRY_INTERVAL_SECONDS",
         _seconds("--telemetry-interval", 0.1),
         "device telemetry read interval",
+    ),
+    Option(
+        "health_interval_seconds",
+        "--health-interval",
+        "DRA_AGENT_HEALTH_INTERVAL_SECONDS",
+        _seconds("--health-interval", 0.1),
+        "seconds between two health passes (polled checks: the GPU answers, ECC, row remapping, trends)",
     ),
     Option(
         "serve_kubelet",

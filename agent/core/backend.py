@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import importlib
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -83,6 +83,32 @@ def report_alive(sink: HealthSink) -> None:
     alive = getattr(sink, "alive", None)
     if callable(alive):
         alive()
+
+
+GPU_LOST = "gpu-lost"
+"""The STATE condition of a device that does not answer or is no longer found (every backend).
+
+The core raises it too, for a published device that rediscovery no longer finds
+(`agent.health.vanished`)."""
+
+DEFAULT_HEALTH_INTERVAL = 5.0
+"""Seconds between two health passes of a backend that polls (`PollsHealth`), unless configured."""
+
+
+def report_pass(sink: HealthSink, devices: Collection[str], *, failed_checks: Collection[str] = ()) -> None:
+    """Tell whoever gave `sink` that one complete health pass has looked at `devices`.
+
+    Backends that poll (`PollsHealth`) call it at the end of every pass, after the pass's
+    `HealthEvent`s went to the sink. A device is "looked at" when every check that applies to
+    it ran or was skipped as unsupported; a device the pass could not reach (the vendor call
+    hung or failed for another reason than the GPU being gone) is left out, so conditions held
+    from before a restart are not lifted on its account. `failed_checks` names the checks
+    that failed in this pass (counted, logged by the core; never a condition on the GPU).
+    A plain callable sink ignores it.
+    """
+    done = getattr(sink, "pass_completed", None)
+    if callable(done):
+        done(devices, failed_checks)
 
 
 @dataclass(frozen=True)
@@ -245,6 +271,45 @@ class ReportsConditions(Protocol):
         ...
 
 
+@runtime_checkable
+class PollsHealth(Protocol):
+    """Optional for a `Backend`: its `monitor_health` also runs health passes on an interval
+    (`BackendOptions.health_interval`), independent of vendor events, and calls `report_pass`
+    after each.
+
+    The core then holds conditions restored after a restart until the first pass that looked at
+    their device, exports the pass's age (``dra_agent_health_pass_last_completed_timestamp_seconds``)
+    and counts failed checks by name.
+    """
+
+    @property
+    def health_checks(self) -> Sequence[str]:
+        """The names of the pass's checks (``answers``, ``ecc-uncorrectable``, ...)."""
+        ...
+
+
+@runtime_checkable
+class ReportsTrends(Protocol):
+    """Optional for a `Backend`: which of its conditions are trends that precede failures
+    (a rising correctable-ECC or PCIe-replay rate, ...): informational by default, and shown as
+    ``dra_agent_device_degraded`` while active."""
+
+    @property
+    def trend_conditions(self) -> Sequence[str]:
+        """The trend ``condition`` names (a subset of `ReportsConditions.health_conditions`)."""
+        ...
+
+
+def declared_checks(backend: Backend) -> tuple[str, ...]:
+    """The health-pass checks of `backend` (`PollsHealth`); none when it does not poll."""
+    return tuple(backend.health_checks) if isinstance(backend, PollsHealth) else ()
+
+
+def declared_trends(backend: Backend) -> frozenset[str]:
+    """The trend conditions of `backend` (`ReportsTrends`)."""
+    return frozenset(backend.trend_conditions) if isinstance(backend, ReportsTrends) else frozenset()
+
+
 def declared_conditions(backend: Backend) -> tuple[str, ...]:
     """The health conditions `backend` declares (`ReportsConditions`); none when it declares none."""
     return tuple(backend.health_conditions) if isinstance(backend, ReportsConditions) else ()
@@ -263,6 +328,8 @@ class BackendOptions:
     settings: Mapping[str, str] = field(default_factory=dict)
     state_dir: Path | None = None
     """Where the backend may keep what must survive an agent restart (None: nowhere)."""
+    health_interval: float = DEFAULT_HEALTH_INTERVAL
+    """Seconds between two health passes (``--health-interval``), for backends that poll."""
 
 
 class BackendFactory(Protocol):

@@ -254,6 +254,31 @@ class Metrics:
             registry=r,
         )
 
+        self.health_pass_completed = Gauge(
+            "dra_agent_health_pass_last_completed_timestamp_seconds",
+            "Unix time the backend's last complete health pass ended (backends that poll).",
+            ("driver",),
+            registry=r,
+        )
+        self.health_pass_interval = Gauge(
+            "dra_agent_health_pass_interval_seconds",
+            "Configured seconds between two health passes (backends that poll).",
+            ("driver",),
+            registry=r,
+        )
+        self.health_check_failures = Counter(
+            "dra_agent_health_check_failures_total",
+            "Health-pass checks that failed (hung or errored: the check, not the GPU), by check.",
+            ("driver", "check"),
+            registry=r,
+        )
+        self.device_degraded = Gauge(
+            "dra_agent_device_degraded",
+            "1 while a trend that precedes failures is active on the device, by condition.",
+            ("driver", "device", "condition"),
+            registry=r,
+        )
+
         # Telemetry.
         self.gpu_utilization = Gauge(
             "dra_agent_device_utilization_ratio",
