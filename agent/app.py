@@ -9,23 +9,36 @@ cancel the task group; each part cleans up in its own ``finally``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import signal
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 from anyio.abc import TaskGroup
 
 from agent.config import AgentConfig
-from agent.core.backend import Backend, BackendOptions, load_backend_factory
+from agent.core.backend import (
+    Backend,
+    BackendOptions,
+    PollsHealth,
+    declared_checks,
+    declared_trends,
+    load_backend_factory,
+)
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import AgentError, ConfigError
 from agent.core.exclusion import EXCLUDE_SETTING, exclude_devices, parse_exclusions
 from agent.core.inventory import Inventory
 from agent.core.logs import log_fields
+from agent.core.model import HealthCondition
+from agent.health.persist import HEALTH_FILE, HealthFileWriter, restore
+from agent.health.taints import TaintPolicy
 from agent.health.tracker import HealthTracker
+from agent.health.vanished import VanishedDevices
 from agent.observe.metrics import Metrics
 from agent.observe.readiness import Readiness
 from agent.observe.telemetry import MonitorLiveness
@@ -152,6 +165,8 @@ class DriverRuntime:
     backend: Backend
     inventory: Inventory
     tracker: HealthTracker
+    health_file: Path
+    """Where the driver's held health conditions are kept across restarts (`agent.health.persist`)."""
 
     @property
     def driver(self) -> str:
@@ -183,6 +198,7 @@ class Agent:
         readiness: Readiness | None = None,
         optional: Collection[str] = (),
         unhealthy_after: float = PART_UNHEALTHY_AFTER_SECONDS,
+        policy: TaintPolicy | None = None,
     ) -> None:
         self.config = config
         self.readiness = readiness
@@ -194,11 +210,20 @@ class Agent:
         self.optional = frozenset(optional)
         """Driver names that are skipped, not fatal, when their library or devices are absent."""
         self.failures = PartFailures(self.clock, unhealthy_after=unhealthy_after)
+        self.policy = policy or TaintPolicy.default()
         self.drivers: dict[str, DriverRuntime] = {}
         for backend in self.backends:
             inventory = Inventory(backend.driver_name)
-            tracker = HealthTracker(inventory, self.clock, config.taint_hold_seconds, metrics=self.metrics)
-            self.drivers[backend.driver_name] = DriverRuntime(backend, inventory, tracker)
+            tracker = HealthTracker(
+                inventory,
+                self.clock,
+                config.taint_hold_seconds,
+                metrics=self.metrics,
+                gate_seeds=isinstance(backend, PollsHealth),
+                trends=declared_trends(backend),
+            )
+            health_file = config.state_dir / backend.driver_name / HEALTH_FILE
+            self.drivers[backend.driver_name] = DriverRuntime(backend, inventory, tracker, health_file)
         self._parts = parts
         self.started = anyio.Event()
 
@@ -222,6 +247,9 @@ class Agent:
                     await self._skip(runtime, "no devices on this node", started)
                     continue
                 runtime.inventory.set_devices(devices)
+                # Before the monitor's first event: what an earlier process held (a restart after
+                # the kubelet wiped the slices has nothing else to restore it from).
+                await restore(runtime.tracker, runtime.health_file, self.clock)
                 log.info(
                     "backend started",
                     extra=log_fields(driver=runtime.driver, devices=len(runtime.inventory.device_names())),
@@ -257,24 +285,51 @@ class Agent:
     def _start_driver(self, tg: TaskGroup, runtime: DriverRuntime) -> None:
         driver = runtime.driver
         # ``monitor/<driver>`` and the monitor's last-seen gauge follow the health monitor itself.
-        liveness = MonitorLiveness(driver, self.metrics, self.clock, self.readiness)
+        liveness = MonitorLiveness(
+            driver,
+            self.metrics,
+            self.clock,
+            self.readiness,
+            checks=declared_checks(runtime.backend),
+            pass_interval=self.config.health_interval_seconds,
+        )
+        vanished = VanishedDevices(driver)
+        writer = HealthFileWriter(
+            runtime.tracker,
+            runtime.health_file,
+            functools.partial(self._effect_of, driver),
+            self.clock,
+        )
 
         async def monitor() -> None:
-            await liveness.run(runtime.backend.monitor_health, runtime.tracker.handle)
+            await liveness.run(
+                runtime.backend.monitor_health, runtime.tracker.handle, on_pass=runtime.tracker.pass_completed
+            )
 
         async def rediscover() -> None:
             while True:
                 await self.clock.sleep(self.config.resync_seconds)
-                runtime.inventory.set_devices(await runtime.backend.discover())
+                discovered = await runtime.backend.discover()
+                devices, events = vanished.merge(
+                    runtime.inventory.discovered_devices(), discovered, self.clock.time()
+                )
+                runtime.inventory.set_devices(devices)
+                for event in events:
+                    runtime.tracker.record(event)
 
         parts: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             ("health-monitor", monitor),
             ("health-liveness", liveness.watch),
             ("health-tracker", runtime.tracker.run),
+            ("health-file", writer.run),
             ("rediscovery", rediscover),
         ]
         for name, part in parts:
             tg.start_soon(self._supervise, f"{driver}/{name}", part, name=f"{driver}/{name}")
+
+    def _effect_of(self, driver: str, device: str, condition: HealthCondition) -> str | None:
+        del device  # the policy is per driver and condition
+        return self.policy.effect_for(driver, condition)
 
 
 async def _stop_backend(backend: Backend) -> None:

@@ -27,7 +27,7 @@ from agent.app import Agent, DriverRuntime, Part, create_backend_set, run_until_
 from agent.claims.filelock import FileLock
 from agent.claims.state import DeviceState
 from agent.config import AgentConfig
-from agent.core.backend import Backend
+from agent.core.backend import GPU_LOST, Backend, declared_conditions
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import KubeApiError
 from agent.core.exclusion import ExcludingBackend
@@ -161,6 +161,7 @@ class AgentParts:
         self.metrics_port: int | None = None
         self.workloads: WorkloadAttribution | None = None
         self._liveness: Callable[[], tuple[bool, str]] | None = None
+        self._said_kept: set[tuple[str, str, str, str]] = set()
         if kube is not None:
             self._connected(kube)
 
@@ -384,9 +385,37 @@ class AgentParts:
             # The policy maps the condition back to the same effect; the severity only ranks it.
             severity = Severity.INFO if taint.effect == EFFECT_NONE else Severity.CRITICAL
             condition = HealthCondition(
-                taint.key[len(prefix) :], severity, taint.value, "held from before the agent restarted", since
+                taint.key[len(prefix) :],
+                severity,
+                taint.value,
+                "held from before the agent restarted",
+                since,
+                held_effect=taint.effect,
             )
             runtime.tracker.seed(taint.device, condition)
+        await self._say_kept_effects(runtime)
+
+    async def _say_kept_effects(self, runtime: DriverRuntime) -> None:
+        """One Event per held condition that today's policy would make stricter: it keeps the
+        effect it was published with (a policy change acts on new faults, not on the past)."""
+        assert self.api is not None
+        for held in runtime.tracker.held():
+            condition = held.condition
+            kept = condition.held_effect
+            wanted = self.policy.policy_effect(runtime.driver, condition)
+            if not kept or wanted is None or self.policy.effect_for(runtime.driver, condition) == wanted:
+                continue
+            key = (runtime.driver, held.device, condition.condition, condition.value)
+            if key in self._said_kept:
+                continue
+            self._said_kept.add(key)
+            message = (
+                f"{runtime.driver} device {held.device}: condition {condition.condition}"
+                f"{'=' + condition.value if condition.value else ''} keeps its published effect {kept} "
+                f"(the taint policy now says {wanted}); it applies to new faults only"
+            )
+            log.info("taint effect kept from before the restart", extra=log_fields(message=message))
+            await self.api.record("TaintEffectKept", message, "Normal")
 
     async def _serve_metrics(self) -> None:
         # After the kubelet sockets, the API client and the claim states (a prepare waits for
@@ -450,6 +479,12 @@ def load_policy(path: Path | None) -> TaintPolicy:
     return TaintPolicy.load(path) if path else TaintPolicy.default()
 
 
+def check_policy(policy: TaintPolicy, backends: Sequence[Backend]) -> None:
+    """Refuse a policy rule naming a condition none of the configured backends reports."""
+    known = {b.driver_name: (*declared_conditions(b), GPU_LOST) for b in backends if declared_conditions(b)}
+    policy.check_conditions(known, complete=len(known) == len(backends))
+
+
 async def connect_kube(config: AgentConfig) -> KubeClient:
     """Connect to the API server as configured (``--kube in-cluster`` or ``kubeconfig``)."""
     from agent.kube.client import KubeClient
@@ -467,6 +502,7 @@ async def run_agent(config: AgentConfig) -> None:
         # A bad kubeconfig file still ends the agent before anything starts (the client connects later).
         await anyio.to_thread.run_sync(check_kubeconfig, config.kubeconfig)
     backends, optional = create_backend_set(config)
+    check_policy(policy, backends)
     readiness = Readiness()
     connect = None if config.kube_mode == "none" else functools.partial(connect_kube, config)
     parts = AgentParts(
@@ -486,6 +522,7 @@ async def run_agent(config: AgentConfig) -> None:
         clock=clock,
         parts=parts,
         readiness=readiness,
+        policy=policy,
     )
     try:
         async with anyio.create_task_group() as tg:

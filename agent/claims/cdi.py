@@ -6,7 +6,7 @@ YAML parser, ``ParseSpec`` in container-device-interface ``pkg/cdi/spec.go``; it
 faster than YAML),
 device names ``<claimUID>-<device>[-<shareID>]`` (a claim UID is never reused, so runtimes that
 cache specs never hit a stale entry). ``cdiVersion`` is the lowest version the content needs, as
-the CDI library's ``MinimumRequiredVersion`` chooses it. Writes are atomic (`agent.claims.atomicfile`).
+the CDI library's ``MinimumRequiredVersion`` chooses it. Writes are atomic (`agent.core.atomicfile`).
 
 Each spec carries its claim's checkpoint entry as a one-line JSON comment (`RECORD_PREFIX`): a
 comment, because runtimes ignore it and it raises no ``cdiVersion``; the entry, so that a corrupt
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.claims.atomicfile import TEMP_SUFFIX, remove_durably, write_atomic
+from agent.core.atomicfile import TEMP_SUFFIX, remove_durably, write_atomic
 from agent.core.backend import ContainerEdits, Hook
 from agent.core.boundedfile import MIB, parse_json, read_text
 

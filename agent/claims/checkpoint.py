@@ -41,8 +41,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from agent.claims import atomicfile
-from agent.claims.atomicfile import TEMP_SUFFIX, write_atomic
+from agent.core import atomicfile
+from agent.core.atomicfile import TEMP_SUFFIX, quarantine, write_atomic
 from agent.core.boundedfile import MIB, BoundedFileError, decode_utf8, parse_json, read_bytes
 from agent.core.errors import AgentError
 from agent.core.logs import log_fields
@@ -386,7 +386,7 @@ def load_checkpoint(path: Path, now: float | None = None) -> LoadOutcome:
         except CheckpointCorruptError as error:
             problem = error
     try:
-        aside = _quarantine(path, int(now if now is not None else time.time()))
+        aside = quarantine(path, int(now if now is not None else time.time()))
     except OSError as error:
         log.error(
             "cannot move the corrupt checkpoint aside; it will be overwritten",
@@ -394,18 +394,6 @@ def load_checkpoint(path: Path, now: float | None = None) -> LoadOutcome:
         )
         return LoadOutcome(data=None, problem=problem)
     return LoadOutcome(data=None, problem=problem, moved_to=aside)
-
-
-def _quarantine(path: Path, stamp: int) -> Path:
-    """Rename `path` to a ``.corrupt-<stamp>`` name no earlier quarantine holds (the first free ``-<n>``)."""
-    base = f"{path.name}.corrupt-{stamp}"
-    aside = path.with_name(base)
-    n = 0
-    while aside.exists() or aside.is_symlink():
-        n += 1
-        aside = path.with_name(f"{base}-{n}")
-    path.replace(aside)
-    return aside
 
 
 def remove_temp_files(state_dir: Path) -> None:

@@ -59,6 +59,10 @@ class Inventory:
             for _, d in sorted(self._devices.items())
         )
 
+    def discovered_devices(self) -> tuple[Device, ...]:
+        """The devices as discovered (their health not applied), sorted by name."""
+        return tuple(d for _, d in sorted(self._devices.items()))
+
     def device(self, name: str) -> Device | None:
         """One discovered device as discovered (its health not applied: see `devices`)."""
         return self._devices.get(name)

@@ -108,6 +108,9 @@ class HealthCondition:
     value: str = ""
     message: str = ""
     since: float = 0.0
+    held_effect: str = ""
+    """The taint effect published for this condition before an agent restart ("" when none):
+    a stricter policy after the restart does not apply to it (`agent.health.taints`)."""
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -196,11 +196,44 @@ class TaintPolicy:
         return cls(rules, severities)
 
     def effect_for(self, driver: str, condition: HealthCondition) -> str | None:
-        """The effect of `condition`, or None when it gets no taint at all."""
+        """The effect of `condition`, or None when it gets no taint at all.
+
+        A condition held from before a restart (``held_effect``) never gets a stricter effect
+        than it was published with: a policy change acts on new faults, not on the past.
+        """
+        effect = self.policy_effect(driver, condition)
+        held = condition.held_effect
+        if held and effect is not None and _EFFECT_RANK.get(effect, 0) > _EFFECT_RANK.get(held, 0):
+            return held
+        return effect
+
+    def policy_effect(self, driver: str, condition: HealthCondition) -> str | None:
+        """What this policy alone gives `condition` (no ``held_effect``): effect or None."""
         for rule in self.rules:
             if rule.matches(driver, condition):
                 return None if rule.ignore else rule.effect
         return self.severity_effects.get(condition.severity)
+
+    def check_conditions(self, known: Mapping[str, Collection[str]], *, complete: bool = True) -> None:
+        """Refuse a rule naming a condition no configured backend reports (`TaintPolicyError`).
+
+        `known` maps each configured driver to the conditions its backend declares; a driver
+        missing from it (a backend that declares none) is not checked, and `complete=False` (such
+        a backend is configured) skips the rules without a driver. A rule without a driver must
+        name a condition of some driver (one policy serves a mixed fleet).
+        """
+        everything = sorted({c for conditions in known.values() for c in conditions})
+        for rule in self.rules:
+            if rule in DEFAULT_RULES:
+                continue
+            if rule.driver is not None:
+                if rule.driver in known and rule.condition not in known[rule.driver]:
+                    accepted = ", ".join(sorted(known[rule.driver]))
+                    raise TaintPolicyError(
+                        f"taint policy: rule for driver {rule.driver}: condition", rule.condition, accepted
+                    )
+            elif complete and known and rule.condition not in everything:
+                raise TaintPolicyError("taint policy: rule condition", rule.condition, ", ".join(everything))
 
     def taints_for(self, device: Device, support: ClusterTaintSupport) -> tuple[DeviceTaint, ...]:
         """The taints of one device, strongest first, within the cluster's limit."""

@@ -15,6 +15,12 @@ Rules (one driver's devices; conditions are keyed by device, condition and value
 - Forgetting: a device that has left the inventory keeps its conditions for one hold time (it may
   come straight back, e.g. a GPU reset), then they are forgotten with its flap history, so a
   device that comes back later starts healthy instead of with conditions nobody will clear.
+- After a restart: conditions restored from the durable file (`agent.health.persist`) or the
+  published taints (`seed`) cannot lift before the backend's first complete health pass has looked
+  at their device (`pass_completed`; only for backends that poll, `gate_seeds`). A restored STATE
+  condition the pass did not report again counts as cleared at that pass; a restored EVENT
+  condition then lifts by its hold as usual. A restored condition keeps the effect it was published
+  with (`HealthCondition.held_effect`) until it recurs as a new EVENT.
 - Cheap per event: a repeat of an active condition only updates a timestamp; the inventory is
   written only when the set of conditions changes (the publisher debounces API writes), and only
   the changed device's health is rebuilt. A device keeps at most `MAX_CONDITIONS_PER_DEVICE`
@@ -25,8 +31,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
+
+import anyio
 
 from agent.core.backend import ConditionKind, HealthEvent
 from agent.core.clock import Clock
@@ -49,9 +57,14 @@ class _Active:
     kind: ConditionKind
     last_seen: float
     cleared_at: float | None = None
+    awaiting_pass: bool = False
+    """Restored after a restart and not yet looked at by a complete health pass: never lifted."""
 
     def quiet_since(self) -> float | None:
-        """When the hold time started counting; None while a STATE condition is still set."""
+        """When the hold time started counting; None while it cannot lift (a STATE condition
+        still set, or a restored condition no health pass has looked at yet)."""
+        if self.awaiting_pass:
+            return None
         if self.kind is ConditionKind.STATE:
             return self.cleared_at
         return self.last_seen
@@ -59,7 +72,18 @@ class _Active:
     @property
     def recovered(self) -> bool:
         """An EVENT condition the vendor reported recovered: it lifts without waiting for the hold."""
-        return self.kind is ConditionKind.EVENT and self.cleared_at is not None
+        return self.kind is ConditionKind.EVENT and self.cleared_at is not None and not self.awaiting_pass
+
+
+@dataclass(frozen=True)
+class HeldCondition:
+    """A tracked condition with what its hold needs: what `agent.health.persist` keeps across restarts."""
+
+    device: str
+    condition: HealthCondition
+    kind: ConditionKind
+    last_seen: float
+    cleared_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +109,8 @@ class HealthTracker:
         flap_window_seconds: float = DEFAULT_FLAP_WINDOW_SECONDS,
         max_hold_factor: float = DEFAULT_MAX_HOLD_FACTOR,
         tick_seconds: float | None = None,
+        gate_seeds: bool = False,
+        trends: Collection[str] = (),
     ) -> None:
         self._inventory = inventory
         self._clock = clock
@@ -101,6 +127,11 @@ class HealthTracker:
         self._flaps: dict[tuple[str, str], deque[float]] = {}
         self._gone_since: dict[str, float] = {}
         self._published_version = -1
+        self._gate_seeds = gate_seeds
+        self._trends = frozenset(trends)
+        self._degraded: set[tuple[str, str]] = set()
+        self._changes = 0
+        self._changed = anyio.Event()
 
     @property
     def driver(self) -> str:
@@ -123,6 +154,7 @@ class HealthTracker:
             return
         key = (event.device, event.condition, event.value)
         active = self._active.get(key)
+        self._touch()
         if active is None or active.cleared_at is not None:
             self._note_return(event.device, event.condition, at)
         if active is None:
@@ -143,9 +175,20 @@ class HealthTracker:
         was_cleared = active.cleared_at is not None
         active.last_seen = max(active.last_seen, at)
         active.cleared_at = None
+        active.awaiting_pass = False  # the backend has spoken for it
         old = active.condition
-        if old.severity != event.severity or old.message != event.message or active.kind != event.kind:
-            active.condition = replace(old, severity=event.severity, message=event.message)
+        # A recurring EVENT is a new fault: it follows today's policy. A STATE reported again
+        # (still lost after a restart) is the fault seen before: it keeps its published effect.
+        held_effect = "" if event.kind is ConditionKind.EVENT else old.held_effect
+        if (
+            old.severity != event.severity
+            or old.message != event.message
+            or active.kind != event.kind
+            or old.held_effect != held_effect
+        ):
+            active.condition = replace(
+                old, severity=event.severity, message=event.message, held_effect=held_effect
+            )
             active.kind = event.kind
             self._publish(event.device)
         elif was_cleared:
@@ -154,29 +197,90 @@ class HealthTracker:
                 extra=log_fields(driver=self.driver, device=event.device, condition=event.condition),
             )
 
-    def seed(self, device: str, condition: HealthCondition) -> None:
-        """Restore a condition an earlier agent process published (its taint, found at start).
+    def seed(
+        self,
+        device: str,
+        condition: HealthCondition,
+        *,
+        kind: ConditionKind = ConditionKind.EVENT,
+        last_seen: float | None = None,
+        cleared_at: float | None = None,
+        source: str = "the published taints",
+    ) -> None:
+        """Restore a condition an earlier agent process held (from its file or its taint).
 
-        It is held as an EVENT last seen at ``condition.since`` (the taint's ``timeAdded``):
-        lifted once the hold time has passed since then, unless the backend reports it again. A
+        A published taint is held as an EVENT last seen at ``condition.since`` (its
+        ``timeAdded``); the durable file also gives the kind, the last occurrence and a clear.
+        With `gate_seeds` it does not lift before a health pass has looked at its device. A
         condition that is already tracked keeps its state, with the earlier ``since``.
         """
-        since = min(condition.since, self._clock.time())
+        now = self._clock.time()
+        since = min(condition.since, now)
         key = (device, condition.condition, condition.value)
         active = self._active.get(key)
         if active is not None:
             if since < active.condition.since:
                 active.condition = replace(active.condition, since=since)
+                self._touch()
                 self._publish(device)
             return
-        self._add(key, _Active(replace(condition, since=since), ConditionKind.EVENT, since))
+        seen = min(last_seen if last_seen is not None else since, now)
+        cleared = min(cleared_at, now) if cleared_at is not None else None
+        self._add(
+            key,
+            _Active(replace(condition, since=since), kind, max(seen, since), cleared, self._gate_seeds),
+        )
+        self._touch()
         log.info(
-            "health condition restored from the published taints",
+            f"health condition restored from {source}",
             extra=log_fields(
-                driver=self.driver, device=device, condition=condition.condition, value=condition.value
+                driver=self.driver,
+                device=device,
+                condition=condition.condition,
+                value=condition.value,
+                held_until_checked=self._gate_seeds,
             ),
         )
         self._publish(device)
+
+    def pass_completed(self, devices: Collection[str], failed_checks: Collection[str] = ()) -> None:
+        """A complete health pass has looked at `devices`: their restored conditions may lift now.
+
+        A restored STATE condition the pass did not report again is over: cleared at this pass,
+        lifted after its hold. A restored EVENT condition lifts by its hold from its last occurrence.
+        """
+        now = self._clock.time()
+        looked_at = set(devices)
+        for (device, _, _), active in self._active.items():
+            if not active.awaiting_pass or device not in looked_at:
+                continue
+            active.awaiting_pass = False
+            self._touch()
+            if active.kind is ConditionKind.STATE and active.cleared_at is None:
+                active.cleared_at = now
+
+    @property
+    def changes(self) -> int:
+        """Increases whenever a tracked condition changes (for `agent.health.persist`)."""
+        return self._changes
+
+    async def wait_changed(self, seen: int) -> int:
+        """Return `changes` once it differs from `seen`."""
+        while self._changes == seen:
+            await self._changed.wait()
+        return self._changes
+
+    def _touch(self) -> None:
+        self._changes += 1
+        event, self._changed = self._changed, anyio.Event()
+        event.set()
+
+    def held(self) -> list[HeldCondition]:
+        """Every tracked condition with its hold state, sorted (what a restart must restore)."""
+        return [
+            HeldCondition(device, a.condition, a.kind, a.last_seen, a.cleared_at)
+            for (device, _, _), a in sorted(self._active.items())
+        ]
 
     def _add(self, key: tuple[str, str, str], active: _Active) -> None:
         device, condition, value = key
@@ -208,7 +312,9 @@ class HealthTracker:
                 continue
             if active.cleared_at is None:
                 active.cleared_at = at
+                active.awaiting_pass = False
                 self._ended[(event.device, condition)] = at
+                self._touch()
 
     def _note_return(self, device: str, condition: str, at: float) -> None:
         """Count a flap when a condition returns within the window of its last clear or lift."""
@@ -259,8 +365,12 @@ class HealthTracker:
                 "health condition lifted",
                 extra=log_fields(driver=self.driver, device=device, condition=condition, value=value),
             )
+        if lifted:
+            self._touch()
         self._forget_old(now)
         forgotten = self._forget_gone(now)
+        if forgotten:
+            self._touch()
         if lifted or forgotten or self._inventory.version != self._published_version:
             self._publish(*{key[0] for key in lifted}, *forgotten)
 
@@ -335,6 +445,8 @@ class HealthTracker:
                 self._health[device] = health
         self._inventory.set_health(self._health)
         self._published_version = self._inventory.version
+        if self._metrics is not None and self._trends:
+            self._export_degraded()
         if self._metrics is not None:
             current = self._inventory.health()
             counts = dict.fromkeys(HealthStatus, 0)
@@ -343,3 +455,17 @@ class HealthTracker:
                 counts[state.status if state is not None else HealthStatus.HEALTHY] += 1
             for status, count in counts.items():
                 self._metrics.devices.labels(self.driver, status.value.lower()).set(count)
+
+    def _export_degraded(self) -> None:
+        """``dra_agent_device_degraded``: 1 per device and active trend, 0 for the others, from the
+        start (so ``changes()`` sees the first one); series of devices gone are removed."""
+        assert self._metrics is not None
+        gauge = self._metrics.device_degraded
+        names = self._inventory.device_names()
+        current = {(d, t) for d in names for t in self._trends}
+        for device, trend in self._degraded - current:
+            gauge.remove(self.driver, device, trend)
+        active = {(d, c) for (d, c, _), a in self._active.items() if c in self._trends}
+        for device, trend in current:
+            gauge.labels(self.driver, device, trend).set(1 if (device, trend) in active else 0)
+        self._degraded = current

@@ -1,12 +1,12 @@
 """Serving one driver to the kubelet: the DRA socket, then the registration socket.
 
 The DRA socket (``<plugins_dir>/<driver>/dra.sock``) carries the v1 and v1beta1 DRA services and
-the resource-health stream on one grpclib server; it listens before the registration socket
-(``<registry_dir>/<driver>-reg.sock``) appears, because the kubelet dials the DRA endpoint as
-soon as it registers the plugin. With a pod UID (rolling updates, Kubernetes 1.33+) the names
-carry it, so a new agent pod can serve next to the old one. Stale socket files are removed
-before binding and ours are removed on shutdown: the kubelet deregisters a plugin when its
-registration socket disappears, and grpclib leaves the files behind on Python 3.11.
+the v1 and v1alpha1 resource-health streams on one grpclib server; it listens before the
+registration socket (``<registry_dir>/<driver>-reg.sock``) appears, because the kubelet dials the
+DRA endpoint as soon as it registers the plugin. With a pod UID (rolling updates, Kubernetes
+1.33+) the names carry it, so a new agent pod can serve next to the old one. Stale socket files
+are removed before binding and ours are removed on shutdown: the kubelet deregisters a plugin
+when its registration socket disappears, and grpclib leaves the files behind on Python 3.11.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from agent.kubelet.healthservice import (
     DEFAULT_HEARTBEAT_INTERVAL,
     HealthService,
 )
-from agent.kubelet.registration import SUPPORTED_SERVICES, ReadinessCallback, RegistrationService
+from agent.kubelet.registration import ReadinessCallback, RegistrationService, served_services
 from agent.observe.metrics import Metrics
 
 log = logging.getLogger("agent.kubelet.plugin")
@@ -54,7 +54,6 @@ log = logging.getLogger("agent.kubelet.plugin")
 UNSERVED_METHODS = (
     "/v1alpha3.Node/NodePrepareResources",  # v1alpha4 API (1.31-1.33); we advertise v1beta1 and v1
     "/v1alpha3.Node/NodeUnprepareResources",
-    "/v1.DRAResourceHealth/NodeWatchResources",  # health v1 (1.37 development)
 )
 SHUTDOWN_TIMEOUT = 5.0
 CLOSED_STREAMS_REMEMBERED = 1024
@@ -234,6 +233,9 @@ def _prepare_socket_path(path: Path) -> None:
 class KubeletPlugin:
     """One driver's kubelet-facing gRPC endpoints; `run` serves them until cancelled.
 
+    GetInfo advertises exactly the services the DRA socket serves (`served_services`); an explicit
+    `supported_services` may leave some out but may not name one that is not served.
+
     With `preparer_ready`, prepare and unprepare calls wait for that event (the preparer's
     checkpoint loaded) while registration, ``GetInfo`` and the health stream are served at once.
     """
@@ -253,7 +255,7 @@ class KubeletPlugin:
         clock: Clock | None = None,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
         health_check_timeout: int = DEFAULT_HEALTH_CHECK_TIMEOUT,
-        supported_services: Sequence[str] = SUPPORTED_SERVICES,
+        supported_services: Sequence[str] | None = None,
         preparer_ready: anyio.Event | None = None,
     ) -> None:
         self.driver = driver
@@ -281,6 +283,16 @@ class KubeletPlugin:
             heartbeat_interval=heartbeat_interval,
             health_check_timeout=health_check_timeout,
         )
+        self.services: tuple[Any, ...] = (DRAPluginV1(self.dra), DRAPluginV1Beta1(self.dra), self.health)
+        """What the DRA socket serves (besides `UnservedMethods`)."""
+        served = served_services(path for service in self.services for path in service.__mapping__())
+        if supported_services is None:
+            supported_services = served
+        elif unserved := [name for name in supported_services if name not in served]:
+            raise ValueError(
+                f"cannot advertise {', '.join(unserved)} to the kubelet: not served "
+                f"(served: {', '.join(served)})"
+            )
         self.registration = RegistrationService(
             driver,
             str(self.dra_socket),
@@ -291,9 +303,7 @@ class KubeletPlugin:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve the DRA socket, then the registration socket; clean both up when cancelled."""
-        dra_server = _ClosingServer(
-            [DRAPluginV1(self.dra), DRAPluginV1Beta1(self.dra), self.health, UnservedMethods()]
-        )
+        dra_server = _ClosingServer([*self.services, UnservedMethods()])
         reg_server = _ClosingServer([self.registration])
         started: list[tuple[_ClosingServer, Path]] = []
         try:

@@ -27,6 +27,7 @@ PROTO_FILES = (
     "pluginregistration/api.proto",
     "dra/v1/api.proto",
     "dra/v1beta1/api.proto",
+    "dra_health/v1/api.proto",
     "dra_health/v1alpha1/api.proto",
     "podresources/v1/api.proto",
 )

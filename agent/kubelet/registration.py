@@ -9,7 +9,7 @@ not-ready through the readiness callback.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from grpclib import GRPCError
 from grpclib.const import Status
@@ -21,8 +21,31 @@ from agent.observe.metrics import Metrics
 log = logging.getLogger("agent.kubelet.registration")
 
 PLUGIN_TYPE = "DRAPlugin"
-# Order matters: a 1.34+ kubelet takes the first entry it supports, so v1 comes before v1beta1.
-SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+DRA_V1 = "v1.DRAPlugin"
+DRA_V1BETA1 = "v1beta1.DRAPlugin"
+HEALTH_V1 = "v1.DRAResourceHealth"
+HEALTH_V1ALPHA1 = "v1alpha1.DRAResourceHealth"
+SUPPORTED_SERVICES = (DRA_V1, DRA_V1BETA1, HEALTH_V1, HEALTH_V1ALPHA1)
+"""Every service we can advertise, in the order we advertise them. Order matters for the DRA
+services: a 1.34+ kubelet takes the first one it supports, so v1 comes before v1beta1. For health
+a 1.37 kubelet takes v1 whenever it is offered and v1alpha1 otherwise; 1.34-1.36 kubelets ignore
+the health entries and always call v1alpha1."""
+
+GRPC_SERVICES = {
+    DRA_V1: "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+    DRA_V1BETA1: "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
+    HEALTH_V1: HEALTH_V1,
+    HEALTH_V1ALPHA1: HEALTH_V1ALPHA1,
+}
+"""Advertised name -> full gRPC service name (the DRA ones carry the long proto package)."""
+
+
+def served_services(method_paths: Iterable[str]) -> tuple[str, ...]:
+    """The entries of `SUPPORTED_SERVICES`, in order, whose gRPC service has a method among
+    `method_paths` (``/<service>/<method>``, as in a grpclib ``__mapping__``)."""
+    served = {path.lstrip("/").rpartition("/")[0] for path in method_paths}
+    return tuple(name for name in SUPPORTED_SERVICES if GRPC_SERVICES[name] in served)
+
 
 ReadinessCallback = Callable[[bool, str], None]
 """Called with ``(True, "")`` when the kubelet accepts us, ``(False, message)`` when it refuses."""

@@ -17,7 +17,7 @@ and makes ``monitor/<driver>`` ready; a monitor that fails, stops or stays silen
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from prometheus_client import Gauge
 
@@ -31,6 +31,8 @@ from agent.observe.readiness import Readiness
 log = logging.getLogger("agent.observe.telemetry")
 
 LabelValues = tuple[str, str, str, str, str, str]
+PassCallback = Callable[[Collection[str], Collection[str]], None]
+"""Told of each complete health pass: the devices it looked at, the checks that failed."""
 FAILURES_BEFORE_NOT_READY = 3
 SILENCE_LIMIT = 60.0
 """Seconds without a sign of life after which the health monitor counts as hung (monitors
@@ -70,6 +72,8 @@ class MonitorLiveness:
         readiness: Readiness | None = None,
         *,
         silence_limit: float = SILENCE_LIMIT,
+        checks: Sequence[str] = (),
+        pass_interval: float | None = None,
     ) -> None:
         self.driver = driver
         self.metrics = metrics
@@ -77,8 +81,15 @@ class MonitorLiveness:
         self.readiness = readiness
         self.silence_limit = silence_limit
         self._last: float | None = None
+        self._failing: set[str] = set()
         if readiness is not None:
             readiness.expect(self.check)
+        for check in checks:
+            metrics.health_check_failures.labels(driver, check)
+        if checks and pass_interval is not None:
+            # Only backends that poll have passes: the stale-pass alert compares the two.
+            metrics.health_pass_interval.labels(driver).set(pass_interval)
+            metrics.health_pass_completed.labels(driver)
 
     @property
     def check(self) -> str:
@@ -92,14 +103,37 @@ class MonitorLiveness:
         if self.readiness is not None:
             self.readiness.set(self.check, True)
 
-    def sink(self, sink: HealthSink) -> HealthSink:
-        """`sink`, with each event and each `report_alive` marking the monitor alive."""
-        return _LiveSink(self, sink)
+    def pass_completed(self, devices: Collection[str], failed_checks: Collection[str]) -> None:
+        """A health pass ended (`agent.core.backend.report_pass`): stamp it, count its failed checks."""
+        self.alive()
+        self.metrics.health_pass_completed.labels(self.driver).set(self.clock.time())
+        failed = set(failed_checks)
+        for check in sorted(failed):
+            self.metrics.health_check_failures.labels(self.driver, check).inc()
+        for check in sorted(failed - self._failing):
+            log.warning(
+                "health check failing (the check, not the GPU: a vendor call hung or errored)",
+                extra=log_fields(driver=self.driver, check=check),
+            )
+        for check in sorted(self._failing - failed):
+            log.info("health check works again", extra=log_fields(driver=self.driver, check=check))
+        self._failing = failed
 
-    async def run(self, monitor: Callable[[HealthSink], Awaitable[None]], sink: HealthSink) -> None:
+    def sink(self, sink: HealthSink, on_pass: PassCallback | None = None) -> HealthSink:
+        """`sink`, with each event and each `report_alive` marking the monitor alive, and each
+        `report_pass` stamped here and handed to `on_pass`."""
+        return _LiveSink(self, sink, on_pass)
+
+    async def run(
+        self,
+        monitor: Callable[[HealthSink], Awaitable[None]],
+        sink: HealthSink,
+        *,
+        on_pass: PassCallback | None = None,
+    ) -> None:
         """Run `monitor(self.sink(sink))`; its failure or return turns the check false (and goes on up)."""
         try:
-            await monitor(self.sink(sink))
+            await monitor(self.sink(sink, on_pass))
         except Exception as error:
             self._not_ready(f"the health monitor failed: {type(error).__name__}: {error}")
             raise
@@ -121,9 +155,10 @@ class MonitorLiveness:
 class _LiveSink:
     """A `HealthSink` that marks the monitor alive on every event and every `report_alive`."""
 
-    def __init__(self, liveness: MonitorLiveness, sink: HealthSink) -> None:
+    def __init__(self, liveness: MonitorLiveness, sink: HealthSink, on_pass: PassCallback | None) -> None:
         self._liveness = liveness
         self._sink = sink
+        self._on_pass = on_pass
 
     async def __call__(self, event: HealthEvent) -> None:
         self._liveness.alive()
@@ -131,6 +166,11 @@ class _LiveSink:
 
     def alive(self) -> None:
         self._liveness.alive()
+
+    def pass_completed(self, devices: Collection[str], failed_checks: Collection[str]) -> None:
+        self._liveness.pass_completed(devices, failed_checks)
+        if self._on_pass is not None:
+            self._on_pass(devices, failed_checks)
 
 
 class TelemetryPoller:

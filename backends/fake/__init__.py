@@ -18,6 +18,10 @@ Settings (``--backend fake:key=value,...``):
     (`agent.core.sharing.ConsumableShares`). NVIDIA profiles take NVIDIA's claim configuration
     (time-slicing recorded in ``<state dir>/fake-sharing/<driver>/timeslice.json``, MPS through
     real stand-in daemon processes, `backends.fake.sharing`); AMD profiles take AMD's.
+``lost``
+    Device names joined by ``+`` whose GPU is lost when the backend starts (no event: its first
+    health pass, one ``--health-interval`` after start, reports ``gpu-lost``), as a GPU that died
+    while the agent was down.
 ``device_files``
     Host directory of the per-claim device description files that containers mount (see
     `backends.fake.devicefile`); default ``<state dir>/fake-devices``; ``off``: environment only.
@@ -39,7 +43,7 @@ from agent.core.backend import Backend, BackendOptions
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ConfigError
 from agent.core.sharing import ConsumableShares
-from backends.fake.backend import FakeBackend, FaultInjector, PrepareFaults, with_driver
+from backends.fake.backend import FakeBackend, FaultError, FaultInjector, PrepareFaults, with_driver
 from backends.fake.profile import load_profile
 
 # `driver` comes through `BackendOptions.driver_name`; it is listed so that it is accepted here.
@@ -51,6 +55,7 @@ SETTINGS = (
     "prepare_fail_rate",
     "prepare_latency",
     "seed",
+    "lost",
     "device_files",
     ConsumableShares.SETTING,
     "dynamic-mig",
@@ -157,8 +162,16 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
                 shares=shares,
                 sharing_root=sharing_root / name,
                 partitions=partitions,
+                health_interval=options.health_interval,
             )
         )
+    for name in [n for n in settings.get("lost", "").split("+") if n]:
+        try:
+            injector.find(name).lose_at_first_pass(name)
+        except FaultError as error:
+            raise ConfigError(
+                "--backend fake setting lost", name, f"a device of the profile ({error})"
+            ) from None
     return backends
 
 

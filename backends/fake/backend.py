@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agent.core.backend import (
+    DEFAULT_HEALTH_INTERVAL,
     ClaimRef,
     ConditionKind,
     ContainerEdits,
@@ -48,6 +49,7 @@ from agent.core.backend import (
     PreparePlan,
     UnpreparePlan,
     report_alive,
+    report_pass,
 )
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, DeviceNotFoundError
@@ -125,6 +127,9 @@ class FakeBackend:
     """A `Backend` serving one driver's devices from a profile."""
 
     health_conditions = tuple(CONDITIONS)  # injected others get their series at their first event
+    health_checks = ("answers",)
+    """Its health pass (`PollsHealth`): every `health_interval`, it has looked at every device
+    (a lost one's ``gpu-lost`` stays as injected), so held conditions behave as with hardware."""
 
     def __init__(
         self,
@@ -139,8 +144,10 @@ class FakeBackend:
         shares: ConsumableShares | None = None,
         sharing_root: Path | None = None,
         partitions: FakeDynamicMig | None = None,
+        health_interval: float = DEFAULT_HEALTH_INTERVAL,
     ) -> None:
         self._driver = driver_name
+        self._health_interval = health_interval
         self._partitions = partitions
         self._shares = shares or ConsumableShares()
         self._sharing_root = sharing_root if vendor == "nvidia" else None
@@ -163,6 +170,7 @@ class FakeBackend:
         self._dropped = 0
         self._last_xid: dict[str, int] = {}
         self._ecc: dict[str, int] = {}
+        self._lost_at_first_pass: set[str] = set()
         injector.add(self)
 
     @property
@@ -210,14 +218,26 @@ class FakeBackend:
             raise failure
 
     async def _forward(self, sink: HealthSink) -> None:
+        # The first pass one interval after start, as a hardware pass over many GPUs takes time:
+        # what was held before a restart stays at least that long.
+        next_pass = self._clock.monotonic() + self._health_interval
         while True:
             while self._queue:
                 event = self._queue[0]
                 await sink(event)
                 self._queue.popleft()  # only once delivered: a failed sink sees it again on restart
             report_alive(sink)
+            if self._clock.monotonic() >= next_pass:
+                for name in sorted(self._lost_at_first_pass):
+                    self._injector.lose_now(name, driver=self._driver)
+                self._lost_at_first_pass.clear()
+                while self._queue:  # the pass's findings before the pass itself
+                    await sink(self._queue.popleft())
+                report_pass(sink, sorted(self._devices))
+                next_pass = self._clock.monotonic() + self._health_interval
             self._wake = anyio.Event()
-            with anyio.move_on_after(ALIVE_INTERVAL_SECONDS):
+            wait = min(ALIVE_INTERVAL_SECONDS, max(0.0, next_pass - self._clock.monotonic()))
+            with anyio.move_on_after(wait):
                 await self._wake.wait()
 
     async def _serve_control(self) -> None:
@@ -229,6 +249,12 @@ class FakeBackend:
                 "fake control socket failed; fault injection at run time is off",
                 extra=log_fields(driver=self._driver, error=str(error)),
             )
+
+    def lose_at_first_pass(self, device: str) -> None:
+        """`device`'s GPU is lost from the start; the first health pass finds it (no event)."""
+        if device not in self._devices:
+            raise FaultError(f"unknown device {device!r} of driver {self._driver}")
+        self._lost_at_first_pass.add(device)
 
     def emit(self, event: HealthEvent) -> None:
         """Queue `event` for the health monitor (never blocks; drops the oldest when far behind)."""

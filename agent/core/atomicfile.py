@@ -67,3 +67,15 @@ def remove_durably(path: Path) -> bool:
         return False
     fsync_dir(path.parent)
     return True
+
+
+def quarantine(path: Path, stamp: int) -> Path:
+    """Rename `path` to a ``.corrupt-<stamp>`` name no earlier quarantine holds (the first free ``-<n>``)."""
+    base = f"{path.name}.corrupt-{stamp}"
+    aside = path.with_name(base)
+    n = 0
+    while aside.exists() or aside.is_symlink():
+        n += 1
+        aside = path.with_name(f"{base}-{n}")
+    path.replace(aside)
+    return aside
