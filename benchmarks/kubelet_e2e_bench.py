@@ -51,7 +51,7 @@ import anyio.to_thread
 import grpc
 import yaml
 
-from agent.claims.atomicfile import write_atomic
+from agent.core.atomicfile import write_atomic
 from backends.fake.devicefile import write_device_file
 from benchmarks import prepare_timeline
 from tests.kubelet.grpc_support import GrpcioProtos, generate_grpcio_protos

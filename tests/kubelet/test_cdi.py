@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-import agent.claims.atomicfile
+import agent.core.atomicfile
 from agent.claims.cdi import (
     EMPTY_EDITS_ENV,
     CdiDevice,
@@ -158,7 +158,7 @@ def test_failed_write_keeps_old_spec_and_leaves_no_temp(
     def full(fd: int, data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", full)
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", full)
     with pytest.raises(OSError, match="No space"):
         writer.write_claim_spec(UID, [CdiDevice("a", ContainerEdits(env={"A": "new"}))])
     assert writer.spec_path(UID).read_bytes() == before

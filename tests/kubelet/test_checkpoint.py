@@ -15,8 +15,8 @@ from typing import Any
 import anyio
 import pytest
 
-import agent.claims.atomicfile
 import agent.claims.checkpoint
+import agent.core.atomicfile
 from agent.claims.checkpoint import (
     CheckpointCorruptError,
     CheckpointData,
@@ -272,7 +272,7 @@ async def test_disk_full_keeps_previous_file_and_reverts_memory(
     path, store = await holding_entry(tmp_path)
     before = path.read_bytes()
 
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", disk_full)
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", disk_full)
     other = ClaimEntry("u2", "ns", "c2", ClaimPhase.STARTED)
     with pytest.raises(CheckpointWriteError, match="No space left on device"):
         await store.put(other)
@@ -475,7 +475,7 @@ async def test_an_action_that_fails_with_the_write_reports_the_action(
     def cdi_full() -> None:
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", disk_full)
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", disk_full)
     with pytest.raises(OSError, match="Read-only"):
         await store.put(ClaimEntry("u2", "ns", "c2", ClaimPhase.COMPLETED), before=cdi_full)
     assert store.entries() == {"u1": ENTRY}
@@ -558,7 +558,7 @@ async def test_a_failed_after_is_raised_and_a_failed_write_runs_none(
     assert set(store.entries()) == {"u1"}  # dropped all the same
     assert set(decode(path.read_bytes()).entries) == {"u1"}
 
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", disk_full)
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", disk_full)
     ran: list[str] = []
     with pytest.raises(CheckpointWriteError):
         await store.remove("u1", after=lambda: ran.append("u1"))
@@ -696,7 +696,7 @@ async def test_a_failed_append_is_taken_back_and_the_next_write_compacts(
         os.write(fd, data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", half_then_full)
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", half_then_full)
     with pytest.raises(CheckpointWriteError):
         await store.put(STARTED)
     assert path.read_bytes() == before  # the half record truncated away

@@ -10,8 +10,8 @@ import anyio
 import pytest
 import yaml
 
-import agent.claims.atomicfile
 import agent.claims.checkpoint
+import agent.core.atomicfile
 from agent.claims.checkpoint import CheckpointWriteError, ClaimPhase, decode
 from agent.claims.filelock import FileLock
 from agent.claims.preparer import ClaimPreparer, PreparedDevice, PrepareResult
@@ -224,7 +224,7 @@ async def test_disk_full_on_cdi_write_is_a_claim_error(
         calls += 1
         await real_put(entry, durable=durable, before=before)
         if calls == 1:  # PrepareStarted is on disk; now the disk fills up
-            monkeypatch.setattr(agent.claims.atomicfile, "write_all", disk_full)
+            monkeypatch.setattr(agent.core.atomicfile, "write_all", disk_full)
 
     monkeypatch.setattr(state.store, "put", put_then_fill_disk)
     results = await state.prepare([ref_of(claim)])
@@ -243,7 +243,7 @@ async def test_disk_full_on_checkpoint_is_a_claim_error(
     state, backend = build(tmp_path, FakeClaimSource([claim]))
     await state.start()
     before = (tmp_path / "state" / "checkpoint.json").read_bytes()
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", disk_full)
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", disk_full)
     results = await state.prepare([ref_of(claim)])
     assert "cannot write the checkpoint" in results[UID].error
     assert "free space" in results[UID].error
@@ -305,7 +305,7 @@ async def test_unprepare_disk_errors(tmp_path: Path, monkeypatch: pytest.MonkeyP
     claim = make_claim(UID)
     state, _ = build(tmp_path, FakeClaimSource([claim]))
     await state.prepare([ref_of(claim)])
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", disk_full)
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", disk_full)
     error = (await state.unprepare([ref_of(claim)]))[UID]
     assert "cannot write the checkpoint" in error
     monkeypatch.undo()
@@ -545,7 +545,7 @@ async def test_checkpoint_that_cannot_be_rewritten_under_the_lock_is_logged(
     state, _ = build(tmp_path, FakeClaimSource([claim]), lock_path=tmp_path / "serialize.lock")
     await state.prepare([ref_of(claim)])
     (tmp_path / "state" / "checkpoint.json").write_bytes(b"{torn")
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", disk_full)
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", disk_full)
     # The rewrite fails (logged); the claim's entry is still known from memory.
     assert "cannot write the checkpoint" in (await state.unprepare([ref_of(claim)]))[UID]
     assert set(state.store.entries()) == {UID}

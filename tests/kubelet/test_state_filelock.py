@@ -9,8 +9,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agent.claims.atomicfile import remove_durably, write_atomic
 from agent.claims.filelock import FileLock, FileLockError
+from agent.core.atomicfile import remove_durably, write_atomic
 
 
 async def test_lock_excludes_other_holders_and_tasks(tmp_path: Path) -> None:

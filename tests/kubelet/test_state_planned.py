@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-import agent.claims.atomicfile
+import agent.core.atomicfile
 from agent.claims.checkpoint import ClaimPhase
 from tests.kubelet.fakes import DRIVER, NODE, FakeClaimSource, PlanningBackend, make_claim, ref_of
 from tests.kubelet.test_state import UID, build, checkpoint, spec_path
@@ -105,7 +105,7 @@ async def test_a_checkpoint_that_cannot_be_written_rolls_the_prepare_back(
     def disk_full(fd: int, data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", disk_full)
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", disk_full)
     error = (await state.prepare([ref_of(claim)]))[UID].error
     assert "cannot write the checkpoint" in error and "No space left on device" in error
     monkeypatch.undo()

@@ -386,12 +386,12 @@ async def test_checkpoint_write_failure_at_start_is_logged(
 ) -> None:
     import errno
 
-    import agent.claims.atomicfile
+    import agent.core.atomicfile
 
     def full(fd: int, data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", full)
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", full)
     state = build(tmp_path, FakeClaimSource(), FakeBackend())
     await state.start()  # does not raise
     assert not (tmp_path / "state" / "checkpoint.json").exists()

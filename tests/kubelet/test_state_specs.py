@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import agent.claims.atomicfile
+import agent.core.atomicfile
 from agent.claims.checkpoint import ClaimPhase
 from agent.observe.metrics import Metrics
 from tests.kubelet.fakes import FakeClaimSource, make_claim, ref_of
@@ -42,7 +42,7 @@ async def test_unprepare_that_cannot_write_the_checkpoint_keeps_the_spec(
     first = (await state.prepare([ref_of(claim)]))[UID]
     spec = spec_path(tmp_path, UID).read_bytes()
 
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", failing_write(code, message))
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", failing_write(code, message))
     error = (await state.unprepare([ref_of(claim)]))[UID]
     assert "cannot write the checkpoint" in error
     assert message in error
@@ -69,7 +69,7 @@ async def test_unprepare_retry_after_a_checkpoint_failure_completes(
     claim = make_claim(UID)
     state, backend = build(tmp_path, FakeClaimSource([claim]))
     await state.prepare([ref_of(claim)])
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", failing_write(errno.ENOSPC, "full"))
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", failing_write(errno.ENOSPC, "full"))
     assert (await state.unprepare([ref_of(claim)]))[UID]
     monkeypatch.undo()
     assert await state.unprepare([ref_of(claim)]) == {UID: ""}
@@ -119,7 +119,7 @@ async def test_prepare_that_cannot_rewrite_a_vanished_spec_fails_the_claim(
     state, _ = build(tmp_path, FakeClaimSource([claim]))
     await state.prepare([ref_of(claim)])
     spec_path(tmp_path, UID).unlink()
-    monkeypatch.setattr(agent.claims.atomicfile, "write_all", failing_write(errno.ENOSPC, "No space"))
+    monkeypatch.setattr(agent.core.atomicfile, "write_all", failing_write(errno.ENOSPC, "No space"))
     error = (await state.prepare([ref_of(claim)]))[UID].error
     assert "cannot write CDI spec" in error
     # Still prepared for the kubelet's retry, which succeeds once there is space.
