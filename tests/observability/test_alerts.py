@@ -4,6 +4,7 @@ alert firing on its fault and silent otherwise (promtool unit tests), on series 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from tests.deploy.chart import CHART, KUBE_VERSION, render_objects
+from tests.deploy.chart import CHART, KUBE_VERSION, NAMESPACE, render_objects
 from tests.observability.promql import exported_labels, metric_names, unknown_labels
 
 RULES = CHART / "files" / "prometheus-rules.yaml"
@@ -28,7 +29,20 @@ ALERTS = {
     "DraAgentClaimErrors",
     "DraAgentCheckpointRecovered",
     "DraAgentRegistrationLost",
+    "DraAgentHealthPassStale",
+    "DraAgentHealthCheckFailing",
+    "DraDeviceDegraded",
+    "DraAgentDown",
+    "DraAgentUnavailable",
+    "DraAgentAbsent",
 }
+DEVICE_ALERTS = {"DraAgentDeviceTainted", "DraAgentTaintsUnpublishable", "DraDeviceDegraded"}
+"""Alerts on a device's state: they must not resolve just because the agent stopped reporting."""
+KUBE_STATE_METRICS = {
+    name: frozenset({"namespace", "daemonset"})
+    for name in ("kube_daemonset_status_desired_number_scheduled", "kube_daemonset_status_number_available")
+}
+"""kube-state-metrics' series the presence alerts use, to see nodes with no agent (and so no target)."""
 AWAITED_METRICS: dict[str, str] = {}
 """Metrics a rule queries that a branch being merged beside this one adds."""
 # On the PATH, or where `make test` puts it (beside the virtual environment's python).
@@ -79,18 +93,71 @@ def test_every_alert_says_how_bad_and_what_to_do() -> None:
     rules = alert_rules()
     assert {r["alert"] for r in rules} == ALERTS
     for rule in rules:
-        assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
+        assert rule["labels"]["severity"] in {"info", "warning", "critical"}, rule["alert"]
+        assert (rule["labels"]["severity"] == "info") == (rule["alert"] == "DraDeviceDegraded"), rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
 
 
 def test_rules_query_only_exported_metrics_and_labels() -> None:
-    exported = exported_labels()
+    exported = exported_labels() | KUBE_STATE_METRICS
     pending = {name: frozenset({"driver"}) for name in AWAITED_METRICS if name not in exported}
     for rule in alert_rules():
         expr = rule["expr"]
         unknown = metric_names(expr) - set(exported) - set(pending)
         assert not unknown, f"{rule['alert']} queries metrics the agent does not export: {unknown}"
         assert not unknown_labels(expr, exported | pending), rule["alert"]
+
+
+def duration(text: str) -> int:
+    """Seconds of a Prometheus duration such as 10m or 1h30m."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    parts = re.findall(r"(\d+)([smhd])", text)
+    assert parts and "".join(n + u for n, u in parts) == text, text
+    return sum(int(n) * units[u] for n, u in parts)
+
+
+def test_device_alerts_outlive_the_agent_until_agent_down_fires() -> None:
+    """When the agent dies its series end; a device alert without keep_firing_for would resolve at
+    the next evaluation, as if the device had recovered, before DraAgentDown fires."""
+    rules = {r["alert"]: r for r in alert_rules()}
+    down = duration(rules["DraAgentDown"]["for"])
+    for name in DEVICE_ALERTS:
+        assert duration(rules[name].get("keep_firing_for", "0s")) > down, name
+        assert "DraAgentDown" in rules[name]["annotations"]["description"], name
+
+
+def matcher(label: str, alert: str) -> str:
+    """The regex the presence alert `alert` selects `label` by (job=~"...")."""
+    (rule,) = [r for r in alert_rules() if r["alert"] == alert]
+    found: set[str] = set(re.findall(label + r'=~"([^"]*)"', rule["expr"]))
+    assert len(found) == 1, (alert, label, found)
+    return found.pop()
+
+
+@pytest.mark.parametrize("release", ["dra-agent", "gpu", "dra-agent-nvidia"])
+def test_presence_alerts_find_the_charts_job_and_daemonset(release: str) -> None:
+    """The rule file cannot know the release: its job and daemonset matchers must match what the
+    chart names, for any release name (PromQL regexes are anchored, as fullmatch)."""
+    values = {"metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}}
+    rendered = helm.Chart.load(CHART).render(values, name=release, namespace=NAMESPACE, is_install=True)
+    objects = [
+        doc
+        for path, text in rendered.items()
+        if not path.endswith("NOTES.txt")
+        for doc in yaml.safe_load_all(text)
+        if isinstance(doc, dict)
+    ]
+    names = {o["kind"]: o["metadata"]["name"] for o in objects}
+    jobs = {
+        names["Service"],  # a ServiceMonitor's job is the Service's name
+        f"{NAMESPACE}/{names['PodMonitor']}",  # a PodMonitor's is <namespace>/<name>
+    }
+    for alert in ("DraAgentDown", "DraAgentAbsent"):
+        for job in jobs:
+            assert re.fullmatch(matcher("job", alert), job), (alert, job)
+    for alert in ("DraAgentUnavailable", "DraAgentAbsent"):
+        assert re.fullmatch(matcher("daemonset", alert), names["DaemonSet"]), (alert, names["DaemonSet"])
+    assert not re.fullmatch(matcher("job", "DraAgentDown"), "node-exporter")
 
 
 def test_every_alert_has_a_case_where_it_fires_and_one_where_it_is_silent() -> None:
