@@ -313,3 +313,49 @@ def test_degraded_is_exported_per_device_and_trend_from_the_start(fake_clock: Fa
     assert sample.format(d=DRIVER, v="0.0") in generate_latest(metrics.registry).decode()
     health.record(HealthEvent("gpu-0", "ecc-correctable-rate", Severity.INFO, "", "", ConditionKind.STATE))
     assert sample.format(d=DRIVER, v="1.0") in generate_latest(metrics.registry).decode()
+
+
+# --- bad input: one line, exit 2, before anything starts ------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "nan", "soon"])
+def test_a_bad_health_interval_is_one_line_and_exit_2(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.cli import main
+
+    assert main(["run", "--kube", "none", "--health-interval", value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--health-interval" in err and "seconds" in err, err
+
+
+def test_a_policy_naming_an_unknown_condition_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agent.cli import main
+
+    path = tmp_path / "policy.yaml"
+    path.write_text("rules:\n  - condition: row-remap-pendign\n    effect: NoExecute\n")
+    code = main(
+        [
+            "run",
+            "--kube",
+            "none",
+            "--backend",
+            "fake:profile=nvidia-a100-8x,control=off",
+            "--taint-policy",
+            str(path),
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'row-remap-pendign'" in err and "gpu-lost" in err, err
+
+
+def test_an_unknown_lost_device_of_the_fake_is_a_config_error() -> None:
+    from agent.core.backend import BackendOptions
+    from agent.core.errors import ConfigError
+    from backends.fake import create_backend
+
+    with pytest.raises(ConfigError, match="setting lost"):
+        create_backend(
+            BackendOptions("node", settings={"profile": "nvidia-a100-8x", "control": "off", "lost": "gpu-99"})
+        )
