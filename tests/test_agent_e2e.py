@@ -95,6 +95,7 @@ async def test_demo_shows_slices_taint_and_prepare(capsys: pytest.CaptureFixture
     assert report.plugin_info["gpu.nvidia.com"]["supportedVersions"] == [
         "v1.DRAPlugin",
         "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
         "v1alpha1.DRAResourceHealth",
     ]
     ((uid, answer),) = report.prepare["claims"].items()

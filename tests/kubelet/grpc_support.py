@@ -35,6 +35,7 @@ V1BETA1 = "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/"
 GET_INFO = "/pluginregistration.Registration/GetInfo"
 NOTIFY = "/pluginregistration.Registration/NotifyRegistrationStatus"
 WATCH = "/v1alpha1.DRAResourceHealth/NodeWatchResources"
+WATCH_V1 = "/v1.DRAResourceHealth/NodeWatchResources"
 
 
 def short_tmp_dir() -> Iterator[Path]:
@@ -84,6 +85,8 @@ class GrpcioProtos:
     v1: ModuleType
     v1beta1: ModuleType
     health: ModuleType
+    """dra-health v1alpha1."""
+    health_v1: ModuleType
 
 
 def generate_grpcio_protos(out_dir: Path) -> GrpcioProtos:
@@ -103,6 +106,7 @@ def generate_grpcio_protos(out_dir: Path) -> GrpcioProtos:
             v1=importlib.import_module("dra.v1.api_pb2"),
             v1beta1=importlib.import_module("dra.v1beta1.api_pb2"),
             health=importlib.import_module("dra_health.v1alpha1.api_pb2"),
+            health_v1=importlib.import_module("dra_health.v1.api_pb2"),
         )
     finally:
         sys.path.remove(str(out_dir))

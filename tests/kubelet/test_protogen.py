@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.kubelet import protogen
+from agent.kubelet._protos import v1 as short_v1
 from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1, v1beta1
 
 
@@ -90,3 +91,14 @@ def test_generated_code_has_explicit_presence_and_maps() -> None:
     assert not hasattr(v1beta1.Device(), "share_id")
     answer = v1.NodePrepareResourcesResponse(claims={"u": v1.NodePrepareResourceResponse(error="e")})
     assert v1.NodePrepareResourcesResponse().parse(bytes(answer)).claims["u"].error == "e"
+
+
+def test_health_v1_shares_the_short_v1_package_with_podresources() -> None:
+    # dra_health/v1 and podresources/v1 are both `package v1;` (as upstream), so betterproto
+    # writes one module for the two; the health service's path must still be /v1.DRAResourceHealth.
+    assert "dra_health/v1/api.proto" in protogen.PROTO_FILES
+    header = (protogen.OUTPUT_DIR / "v1" / "__init__.py").read_text().splitlines()[1]
+    assert header == "# sources: dra_health/v1/api.proto, podresources/v1/api.proto"
+    assert hasattr(short_v1, "PodResourcesListerStub") and hasattr(short_v1, "DraResourceHealthStub")
+    paths = set(short_v1.DraResourceHealthBase().__mapping__())
+    assert paths == {"/v1.DRAResourceHealth/NodeWatchResources"}
