@@ -26,10 +26,19 @@ from agent.core.logs import log_fields
 from agent.core.model import Device
 from agent.core.sharing import ConsumableShares, DeviceShare
 from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT, STOP_TIMEOUT
-from backends.amd.discovery import DEFAULT_DRIVER_NAME, Discovery, Sysfs, build_devices, read_processors
+from backends.amd.checks import CHECKS
+from backends.amd.discovery import (
+    DEFAULT_DRIVER_NAME,
+    DeviceEntry,
+    Discovery,
+    ProcessorScan,
+    Sysfs,
+    build_devices,
+    scan_processors,
+)
 from backends.amd.eccstate import ECC_STATE_FILE, boot_id, load_ecc_counts, save_ecc_counts
 from backends.amd.edits import StatFn, container_edits, read_edits
-from backends.amd.health import CONDITIONS, EccCounts, HealthMemory, HealthMonitor, HealthSettings
+from backends.amd.health import CONDITIONS, TRENDS, EccCounts, HealthMemory, HealthMonitor, HealthSettings
 from backends.amd.sharingconfig import check_shares
 from backends.amd.smi import SmiLibrary, check_module, describe, handle_key, import_amdsmi, init_error
 from backends.amd.telemetry import read_telemetry
@@ -38,8 +47,11 @@ log = logging.getLogger("agent.backends.amd")
 
 SETTINGS = {
     "driver": "the DRA driver name (default gpu.amd.com)",
-    "poll-interval": "seconds between RAS polls (default 10)",
+    "poll-interval": "seconds between health passes (default: the agent's --health-interval, 5)",
     "cper-max-age": "seconds after which a fatal CPER record no longer counts (default 3600)",
+    "ecc-correctable-rate": "correctable ECC errors per minute above which the trend is raised (default 1)",
+    "pcie-replay-rate": "PCIe replays per minute above which the trend is raised (default 8)",
+    "trend-window": "seconds over which the correctable-ECC and PCIe-replay rates are measured (default 60)",
     "event-timeout-ms": "milliseconds one event read waits; bounds shutdown delay (default 200)",
     "sysfs-root": "where the host's /sys is visible (default /sys)",
     "dev-root": "where the host's /dev is visible (default /dev)",
@@ -66,10 +78,15 @@ def settings_from(options: BackendOptions) -> tuple[HealthSettings, str, str]:
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         raise ConfigError("--backend amd", ",".join(unknown), "settings among " + ", ".join(sorted(SETTINGS)))
+    defaults = HealthSettings()
     health = HealthSettings(
-        poll_interval=_positive(settings, "poll-interval", 10.0),
-        event_timeout_ms=int(_positive(settings, "event-timeout-ms", 200)),
-        cper_max_age=_positive(settings, "cper-max-age", 3600.0),
+        # The agent's --health-interval, unless this backend's own setting overrides it.
+        poll_interval=_positive(settings, "poll-interval", options.health_interval),
+        event_timeout_ms=int(_positive(settings, "event-timeout-ms", defaults.event_timeout_ms)),
+        cper_max_age=_positive(settings, "cper-max-age", defaults.cper_max_age),
+        trend_window=_positive(settings, "trend-window", defaults.trend_window),
+        ecc_correctable_rate=_positive(settings, "ecc-correctable-rate", defaults.ecc_correctable_rate),
+        pcie_replay_rate=_positive(settings, "pcie-replay-rate", defaults.pcie_replay_rate),
     )
     return health, settings.get("sysfs-root", "/sys"), settings.get("dev-root", "/dev")
 
@@ -81,7 +98,11 @@ def _identity(discovery: Discovery) -> set[tuple[str, int]]:
 class AmdBackend:
     """Serves one DRA driver name (``gpu.amd.com`` by default) from what amdsmi sees."""
 
-    health_conditions = CONDITIONS
+    health_conditions: Sequence[str] = CONDITIONS
+    health_checks: Sequence[str] = CHECKS
+    """The health pass's checks (`agent.core.backend.PollsHealth`)."""
+    trend_conditions: Sequence[str] = TRENDS
+    """The informational trends among the conditions (`agent.core.backend.ReportsTrends`)."""
 
     def __init__(
         self,
@@ -169,17 +190,21 @@ class AmdBackend:
         lib = self._library()
         sysfs = self._sysfs
 
-        def read(smi: Any) -> Any:
+        def read(smi: Any) -> ProcessorScan:
             try:
-                return read_processors(smi, sysfs)
+                return scan_processors(smi, sysfs)
             except smi.AmdSmiException as error:
                 raise BackendError(
                     f"amd backend: listing GPUs failed: {describe(error)}; check 'amd-smi list' on the node"
                 ) from error
 
-        infos = await lib.run(read, "read_processors")
+        scan = await lib.run(read, "read_processors")
         previous = self._discovery
-        self._discovery = build_devices(infos, self._driver, self._warned)
+        if scan.listing_lost and not previous.entries:
+            raise BackendError(
+                f"amd backend: listing GPUs failed: {scan.listing_lost}; check 'amd-smi list' on the node"
+            )
+        self._discovery = self._keep_lost(previous, scan)
         self._discovered = True
         if self._devices_changed is not None and _identity(previous) != _identity(self._discovery):
             self._devices_changed.set()
@@ -192,6 +217,41 @@ class AmdBackend:
         elif self._discovery.devices:
             self._logged_empty = False
         return [self._shares.apply(d) for d in self._discovery.devices]
+
+    def _keep_lost(self, previous: Discovery, scan: ProcessorScan) -> Discovery:
+        """The devices `scan` found, plus the previous devices of GPUs that answered with a lost
+        status: they stay published, and the next health pass reports them ``gpu-lost``."""
+        found = build_devices(scan.infos, self._driver, self._warned)
+        if scan.listing_lost:
+            log.error(
+                "listing GPUs met a lost status; keeping the devices published",
+                extra=log_fields(driver=self._driver, error=scan.listing_lost),
+            )
+            kept = dict(previous.entries)
+            why = {name: scan.listing_lost for name in kept}
+        else:
+            kept = {n: e for n, e in previous.entries.items() if handle_key(e.handle) in scan.lost}
+            why = {name: scan.lost[handle_key(entry.handle)] for name, entry in kept.items()}
+            known = {handle_key(e.handle) for e in previous.entries.values()}
+            for key, error in scan.lost.items():
+                if key not in known:
+                    log.warning(
+                        "skipping a GPU that answers with a lost status",
+                        extra=log_fields(handle=key, error=error),
+                    )
+        if not kept:
+            return found
+        entries: dict[str, DeviceEntry] = dict(found.entries)
+        devices = list(found.devices)
+        for device in previous.devices:
+            entry = kept.get(device.name)
+            if entry is None or device.name in entries:
+                continue
+            self._memory.suspect(entry.gpu_key, f"rediscovery: {why[device.name]}")
+            entries[device.name] = entry
+            devices.append(device)
+        devices.sort(key=lambda d: (entries[d.name].card, entries[d.name].render))
+        return Discovery(tuple(devices), entries)
 
     async def monitor_health(self, sink: HealthSink) -> None:
         """Watch events and RAS for the discovered devices until cancelled."""
@@ -261,8 +321,18 @@ class AmdBackend:
         """Nothing to resume: the hardware keeps no sharing state."""
 
     async def telemetry(self) -> Sequence[DeviceTelemetry]:
-        """Read counters of every published device; a failing field is None."""
+        """Read counters of every published device; a failing field is None.
+
+        The ECC totals are the health pass's last reading (never read twice); a device that
+        answered only with a lost status makes its GPU suspect, reported lost by the next pass.
+        """
         lib = self._library()
         entries = list(self._discovery.entries.values())
         warned = self._warned
-        return await lib.run(lambda smi: read_telemetry(smi, entries, warned), "read_telemetry")
+        ecc = self._memory.ecc_totals()
+        reading = await lib.run(lambda smi: read_telemetry(smi, entries, warned, ecc), "read_telemetry")
+        for name, why in reading.lost.items():
+            entry = self._discovery.entries.get(name)
+            if entry is not None:
+                self._memory.suspect(entry.gpu_key, f"telemetry: {why}")
+        return reading.devices

@@ -10,7 +10,10 @@ pure and turns that into `Device` values:
   the parent's ``deviceID`` so that ``matchAttribute: gpu.amd.com/deviceID`` keeps partitions
   on one GPU.
 
-A call the GPU does not support leaves that attribute out; it never drops the device.
+A call the GPU does not support leaves that attribute out; it never drops the device. A handle
+whose PCI address read answers with a lost status is reported in `ProcessorScan.lost`: the backend
+keeps the devices it published for it (tainted ``gpu-lost`` by the health pass) instead of
+dropping them.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from agent.core.logs import log_fields
 from agent.core.model import AttributeValue, Device, Version
 from agent.core.quantity import Quantity
 from agent.core.semver import normalize_version
-from backends.amd.smi import describe, handle_key, log_degraded
+from backends.amd.smi import describe, handle_key, is_lost, log_degraded
 
 log = logging.getLogger("agent.backends.amd")
 
@@ -117,6 +120,21 @@ class ProcessorInfo:
 
 
 @dataclass(frozen=True)
+class ProcessorScan:
+    """One read of every processor handle: what answered, and what answered with a lost status."""
+
+    infos: tuple[ProcessorInfo, ...] = ()
+    lost: Mapping[int, str] = field(default_factory=dict)
+    """Handle key -> why, for handles whose PCI address read met a lost status."""
+    listing_lost: str = ""
+    """Why listing the handles failed with a lost status (the driver went away); "" when it did not."""
+
+
+class HandleLostError(Exception):
+    """A processor handle answered with a status that means its GPU is gone."""
+
+
+@dataclass(frozen=True)
 class DeviceEntry:
     """What the backend keeps about one published device to serve health, prepare and telemetry."""
 
@@ -181,6 +199,8 @@ def read_processor(smi: Any, handle: Any, sysfs: Sysfs) -> ProcessorInfo | None:
     try:
         bdf = str(smi.amdsmi_get_gpu_device_bdf(handle)).lower()
     except smi.AmdSmiException as error:
+        if is_lost(error):
+            raise HandleLostError(describe(error)) from error
         log.warning(
             "skipping a GPU whose PCI address amdsmi cannot read",
             extra=log_fields(handle=handle_key(handle), error=describe(error)),
@@ -238,11 +258,34 @@ def read_processor(smi: Any, handle: Any, sysfs: Sysfs) -> ProcessorInfo | None:
     )
 
 
+def scan_processors(smi: Any, sysfs: Sysfs) -> ProcessorScan:
+    """Read every AMD GPU processor handle (blocking: run in a worker thread).
+
+    Only the PCI address read, the first call on each handle, decides that a handle is lost: a
+    later call failing (board info unreadable on some boards) only leaves an attribute out.
+    """
+    try:
+        handles = smi.amdsmi_get_processor_handles()
+    except smi.AmdSmiException as error:
+        if is_lost(error):
+            return ProcessorScan(listing_lost=describe(error))
+        raise
+    infos: list[ProcessorInfo] = []
+    lost: dict[int, str] = {}
+    for handle in handles:
+        try:
+            info = read_processor(smi, handle, sysfs)
+        except HandleLostError as error:
+            lost[handle_key(handle)] = str(error)
+            continue
+        if info is not None:
+            infos.append(info)
+    return ProcessorScan(tuple(infos), lost)
+
+
 def read_processors(smi: Any, sysfs: Sysfs) -> list[ProcessorInfo]:
-    """Read every AMD GPU processor handle (blocking: run in a worker thread)."""
-    handles = smi.amdsmi_get_processor_handles()
-    infos = [read_processor(smi, h, sysfs) for h in handles]
-    return [i for i in infos if i is not None]
+    """The processors `scan_processors` finds answering (blocking)."""
+    return list(scan_processors(smi, sysfs).infos)
 
 
 def _gfx_major(gfx: str) -> str:

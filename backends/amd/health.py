@@ -1,4 +1,4 @@
-"""Health of AMD GPUs: amdsmi event notifications plus polling of RAS (ECC per block, CPER).
+"""Health of AMD GPUs: amdsmi event notifications plus a health pass on an interval.
 
 Two tasks run side by side until cancelled:
 
@@ -6,25 +6,39 @@ Two tasks run side by side until cancelled:
   waits at most one timeout). GPU pre/post reset -> ``gpu-reset`` (critical), ring hang (where
   the amdsmi version has it) -> ``ring-hang`` (critical), thermal throttle -> ``thermal-throttle``
   (info), VM fault -> ``vm-fault`` (info: usually the application's bug, not the GPU's).
-- polling, every ``poll-interval``: uncorrectable ECC count per RAS block -> ``ecc-uncorrectable``
-  with the block as value when the count rises (a count that stops rising recovers after the
-  taint policy's hold time); fatal CPER records younger than ``cper-max-age`` -> ``cper-fatal``
-  (older records, e.g. kept across reboots, gave AMD false positives); a GPU that stops
-  answering -> ``gpu-lost`` until it answers again.
+- the health pass, every ``poll-interval`` (default: the agent's ``--health-interval``), over
+  every physical GPU (`backends.amd.checks` reads it; `agent.core.backend.PollsHealth`):
+
+  - ``answers``: a GPU that stops answering (a lost status) -> ``gpu-lost`` (critical STATE) until
+    it answers again; so does a lost status that telemetry or rediscovery met (the GPU is then
+    "suspect"), so that no loss goes unreported;
+  - ``ecc-uncorrectable``: the uncorrectable count per RAS block rising -> ``ecc-uncorrectable``
+    (critical EVENT, the block as value; it recovers after the hold time); RAS unavailable ->
+    ``unmonitored`` with value ``ras``;
+  - ``bad-pages``: VRAM pages pending retirement -> ``bad-pages`` (warning STATE); as many bad
+    pages as the driver's threshold -> ``bad-pages`` (critical); cleared when no longer so;
+  - ``cper``: fatal CPER records younger than ``cper-max-age`` -> ``cper-fatal`` (older records,
+    e.g. kept across reboots, gave AMD false positives);
+  - trends (informational STATE conditions, cleared when back under the threshold):
+    ``ecc-correctable-rate`` and ``pcie-replay-rate`` (per minute over ``trend-window``, above the
+    settings of the same names), ``xgmi-errors`` (the XGMI error status says errors).
+
+  A check the GPU does not support is skipped with one log line; a check whose call hangs or fails
+  is reported to the core as a failed check (`report_pass`), never as the GPU failing, and the
+  GPU is left out of the devices the pass looked at.
 
 When events or RAS are unavailable (a VM guest, an old kernel) the devices get ``unmonitored``
 (a warning STATE) with value ``events`` or ``ras``, cleared when monitoring works again.
 Resets, RAS and loss are per physical GPU and fan out to all its partitions.
 
-What is set (lost, unmonitored, the ECC baselines) is kept in `HealthMemory`, which outlives one
-monitor: the monitor started after a rediscovery clears what its predecessor set (a GPU lost,
-left out of discovery, and back). Every amdsmi call is bounded; a cancelled event read is not
-waited for, but the readers are stopped only once the read in flight has returned.
+What is set (lost, unmonitored, bad pages, trends, the ECC baselines) is kept in `HealthMemory`,
+which outlives one monitor: the monitor started after a rediscovery clears what its predecessor
+set. Every amdsmi call is bounded; a cancelled event read is not waited for, but the readers are
+stopped only once the read in flight has returned.
 """
 
 from __future__ import annotations
 
-import calendar
 import functools
 import logging
 import threading
@@ -36,22 +50,36 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from agent.core.backend import ConditionKind, HealthEvent, HealthSink, report_alive
+from agent.core.backend import (
+    DEFAULT_HEALTH_INTERVAL,
+    GPU_LOST,
+    ConditionKind,
+    HealthEvent,
+    HealthSink,
+    report_alive,
+    report_pass,
+)
 from agent.core.clock import Clock
 from agent.core.logs import log_fields
 from agent.core.model import Severity
 from agent.core.vendorcall import STOP_TIMEOUT, VendorCallTimeoutError, acquire_when_free
-from backends.amd.discovery import DeviceEntry
-from backends.amd.smi import (
-    LOST_STATUSES,
-    STATUS_NOT_SUPPORTED,
-    STATUS_RETRY,
-    STATUS_TIMEOUT,
-    SmiLibrary,
-    describe,
-    error_code,
-    handle_key,
+from backends.amd.checks import (
+    ANSWERS,
+    BAD_PAGES,
+    ECC_CORRECTABLE_RATE,
+    ECC_UNCORRECTABLE,
+    PCIE_REPLAY_RATE,
+    STEP_CHECKS,
+    XGMI_ERRORS,
+    EccTotals,
+    GpuReading,
+    Progress,
+    ReadPlan,
+    read_gpu,
 )
+from backends.amd.discovery import DeviceEntry
+from backends.amd.smi import STATUS_RETRY, STATUS_TIMEOUT, SmiLibrary, describe, error_code, handle_key
+from backends.amd.trends import RateWindow
 
 log = logging.getLogger("agent.backends.amd")
 
@@ -59,9 +87,7 @@ GPU_RESET = "gpu-reset"
 RING_HANG = "ring-hang"
 VM_FAULT = "vm-fault"
 THERMAL_THROTTLE = "thermal-throttle"
-ECC_UNCORRECTABLE = "ecc-uncorrectable"
 CPER_FATAL = "cper-fatal"
-GPU_LOST = "gpu-lost"
 UNMONITORED = "unmonitored"
 
 # Event name -> (condition, severity, whole GPU?). Names are AmdSmiEvtNotificationType members.
@@ -72,6 +98,8 @@ EVENT_CONDITIONS: Mapping[str, tuple[str, Severity, bool]] = {
     "THERMAL_THROTTLE": (THERMAL_THROTTLE, Severity.INFO, True),
     "VMFAULT": (VM_FAULT, Severity.INFO, False),
 }
+TRENDS = (ECC_CORRECTABLE_RATE, PCIE_REPLAY_RATE, XGMI_ERRORS)
+"""Conditions that precede failures (the backend's `trend_conditions`): informational."""
 CONDITIONS = (
     GPU_RESET,
     RING_HANG,
@@ -81,31 +109,26 @@ CONDITIONS = (
     CPER_FATAL,
     GPU_LOST,
     UNMONITORED,
+    BAD_PAGES,
+    *TRENDS,
 )
 """Every condition this monitor reports (the backend's `health_conditions`)."""
-CPER_SEV_FATAL = 1  # amdsmi_cper_sev_t AMDSMI_CPER_SEV_FATAL; the mask has bit (1 << severity)
+XGMI_STATUS = {1: "an error", 2: "multiple errors"}  # amdsmi_xgmi_status_t
 
 
 @dataclass(frozen=True)
 class HealthSettings:
     """Knobs of the health monitor (backend settings ``poll-interval``, ``cper-max-age``...)."""
 
-    poll_interval: float = 10.0
+    poll_interval: float = DEFAULT_HEALTH_INTERVAL
     event_timeout_ms: int = 200
     cper_max_age: float = 3600.0
-
-
-@dataclass(frozen=True)
-class RasReading:
-    """One poll of one physical GPU."""
-
-    lost: str = ""
-    ecc: Mapping[str, int] | None = None
-    ras_problem: str = ""
-    cper: tuple[tuple[float, str, str], ...] = ()
-    """Fatal CPER records: (unix time, notify type, record id)."""
-    cper_cursor: int = 0
-    cper_supported: bool = True
+    trend_window: float = 60.0
+    """Seconds over which the trend rates are measured."""
+    ecc_correctable_rate: float = 1.0
+    """Correctable ECC errors per minute above which ``ecc-correctable-rate`` is raised."""
+    pcie_replay_rate: float = 8.0
+    """PCIe replays per minute above which ``pcie-replay-rate`` is raised."""
 
 
 EccCounts = dict[str, dict[str, int]]
@@ -118,7 +141,14 @@ class _GpuState:
     lost: bool = False
     ras_unmonitored: bool = False
     cper_cursor: int = 0
-    cper_supported: bool = True
+    unavailable: set[str] = field(default_factory=set)
+    """Checks this GPU cannot answer (logged once, skipped since)."""
+    ecc_totals: EccTotals | None = None
+    """The last pass's ECC sums, which telemetry reports instead of reading them again."""
+    bad_pages: Severity | None = None
+    trends: set[str] = field(default_factory=set)
+    """The trend conditions raised on this GPU."""
+    rates: dict[str, RateWindow] = field(default_factory=dict)
 
 
 @dataclass
@@ -127,6 +157,8 @@ class HealthMemory:
 
     gpus: dict[str, _GpuState] = field(default_factory=dict)
     events_unmonitored: bool = False
+    suspects: dict[str, str] = field(default_factory=dict)
+    """GPUs another call (telemetry, rediscovery) found gone, with why: the next pass reports them."""
 
     @classmethod
     def with_ecc_counts(cls, counts: EccCounts) -> HealthMemory:
@@ -138,72 +170,28 @@ class HealthMemory:
         """The last ECC count per GPU and block (a copy)."""
         return {key: dict(state.ecc) for key, state in self.gpus.items() if state.ecc}
 
+    def ecc_totals(self) -> dict[str, EccTotals]:
+        """The ECC sums the last pass read, by GPU key (GPUs without a reading left out)."""
+        return {key: state.ecc_totals for key, state in self.gpus.items() if state.ecc_totals is not None}
 
-def _cper_time(text: object) -> float | None:
-    """amdsmi formats CPER timestamps as ``YYYY/MM/DD HH:MM:SS`` (UTC)."""
-    if not isinstance(text, str):
-        return None
-    try:
-        return float(calendar.timegm(time.strptime(text.strip(), "%Y/%m/%d %H:%M:%S")))
-    except ValueError:
-        return None
-
-
-def read_ras(smi: Any, handle: Any, cper_cursor: int, cper_supported: bool) -> RasReading:
-    """Poll one GPU's liveness, ECC counts per block and new fatal CPER records (blocking)."""
-    try:
-        smi.amdsmi_get_gpu_vram_usage(handle)
-    except smi.AmdSmiException as error:
-        if error_code(error) in LOST_STATUSES:
-            return RasReading(lost=describe(error), cper_cursor=cper_cursor, cper_supported=cper_supported)
-    ecc: dict[str, int] | None = None
-    problem = ""
-    try:
-        enabled = int(smi.amdsmi_get_gpu_ecc_enabled(handle))
-    except smi.AmdSmiException as error:
-        enabled, problem = 0, f"ECC state unreadable: {describe(error)}"
-    if enabled:
-        ecc = {}
-        for block in smi.AmdSmiGpuBlock:
-            if block.name in ("INVALID", "RESERVED") or not enabled & int(block.value):
-                continue
-            try:
-                counts = smi.amdsmi_get_gpu_ecc_count(handle, block)
-            except smi.AmdSmiException as error:
-                if error_code(error) != STATUS_NOT_SUPPORTED:
-                    log.debug(
-                        "ECC count unreadable", extra=log_fields(block=block.name, error=describe(error))
-                    )
-                continue
-            value = counts.get("uncorrectable_count") if isinstance(counts, Mapping) else None
-            if isinstance(value, int):
-                ecc[block.name.lower()] = value
-        if not ecc:
-            ecc, problem = None, "no RAS block reports ECC counts"
-    elif not problem:
-        problem = "ECC is disabled or RAS is not exposed (e.g. on a VM guest)"
-    records: list[tuple[float, str, str]] = []
-    cursor = cper_cursor
-    if cper_supported:
-        try:
-            mask = 1 << CPER_SEV_FATAL
-            entries, cursor, _, _ = smi.amdsmi_get_gpu_cper_entries(handle, mask, cursor=cper_cursor)
-        except (smi.AmdSmiException, AttributeError) as error:
-            cper_supported = error_code(error) not in (STATUS_NOT_SUPPORTED, None)
-            entries = {}
-        for entry in entries.values() if isinstance(entries, Mapping) else ():
-            if str(entry.get("error_severity", "")).lower() != "fatal":
-                continue
-            at = _cper_time(entry.get("timestamp"))
-            if at is not None:
-                records.append((at, str(entry.get("notify_type", "")), str(entry.get("record_id", ""))))
-    return RasReading(
-        ecc=ecc, ras_problem=problem, cper=tuple(records), cper_cursor=cursor, cper_supported=cper_supported
-    )
+    def suspect(self, gpu_key: str, why: str) -> None:
+        """Another call met a lost status on this GPU: the next pass reports it lost."""
+        if gpu_key not in self.suspects:
+            log.warning("GPU answered with a lost status", extra=log_fields(gpu=gpu_key, error=why))
+        self.suspects[gpu_key] = why
 
 
-def _read_ras(handle: Any, cursor: int, supported: bool, smi: Any) -> RasReading:
-    return read_ras(smi, handle, cursor, supported)
+@dataclass(frozen=True)
+class _Outcome:
+    """What one GPU's part of a pass came to."""
+
+    looked: bool
+    failed: tuple[str, ...] = ()
+    hung: bool = False
+
+
+def _read_gpu(handle: Any, plan: ReadPlan, progress: Progress, smi: Any) -> GpuReading:
+    return read_gpu(smi, handle, plan, progress)
 
 
 def _event_types(smi: Any) -> list[Any]:
@@ -273,10 +261,17 @@ class HealthMonitor:
         # finds `_closing` set and leaves the readers alone (they may be stopped by then).
         self._read_lock = threading.Lock()
         self._closing = False
+        # The pass's call that hung (its worker thread still holds the health lane).
+        self._stuck: Progress | None = None
+        self._rate_limits = {
+            ECC_CORRECTABLE_RATE: (settings.ecc_correctable_rate, "correctable ECC errors"),
+            PCIE_REPLAY_RATE: (settings.pcie_replay_rate, "PCIe replays"),
+        }
 
     async def run(self, sink: HealthSink) -> None:
         """Report health until cancelled."""
-        while not self._groups:  # nothing to watch, but the monitor runs
+        while not self._groups:  # nothing to watch, but the monitor runs (and its passes are done)
+            report_pass(sink, ())
             report_alive(sink)
             await self._clock.sleep(self._settings.poll_interval)
         async with anyio.create_task_group() as tg:
@@ -313,7 +308,10 @@ class HealthMonitor:
         handles = [e.handle for e in self._by_handle.values()]
         while True:
             try:
-                readers = await self._lib.run_health(lambda smi: open_readers(smi, handles), "open_readers")
+                # On the events lane: a hung open must not hold up the health pass.
+                readers = await self._lib.run_events(
+                    lambda smi: open_readers(smi, handles), self._lib.call_timeout, "open_readers"
+                )
                 break
             except Exception as error:
                 # Unsupported (a VM guest) or not permitted: try again later, quietly.
@@ -386,77 +384,125 @@ class HealthMonitor:
         )
         await self._emit_all(sink, names, condition=condition, severity=severity, message=message[:200])
 
-    # --- polling ------------------------------------------------------------------------
+    # --- the health pass ---------------------------------------------------------------
 
     async def _poll(self, sink: HealthSink) -> None:
         while True:
+            started = self._clock.monotonic()
             await self.poll_once(sink)
             report_alive(sink)
-            await self._clock.sleep(self._settings.poll_interval)
+            # Passes start every interval, however long one took (a slow call eats into the wait).
+            took = self._clock.monotonic() - started
+            await self._clock.sleep(max(0.0, self._settings.poll_interval - took))
 
     async def poll_once(self, sink: HealthSink) -> None:
-        """Poll every physical GPU once."""
+        """One health pass over every physical GPU, then `report_pass` with what it looked at."""
+        looked: list[str] = []
+        failed: set[str] = set()
         for key, entries in self._groups.items():
-            state = self._state[key]
-            primary = entries[0].primary
-            cursor, supported = state.cper_cursor, state.cper_supported
-            reading = await self._lib.run_health(
-                functools.partial(_read_ras, primary, cursor, supported), "read_ras"
-            )
-            await self._apply(key, entries, reading, sink)
+            outcome = await self._check_gpu(key, entries, sink)
+            failed.update(outcome.failed)
+            if outcome.looked:
+                looked.extend(e.name for e in entries)
+            if outcome.hung:
+                # The hung call keeps the lane: the other GPUs' calls would only wait for it.
+                break
+        report_pass(sink, looked, failed_checks=sorted(failed))
 
-    async def _apply(
-        self, key: str, entries: Sequence[DeviceEntry], reading: RasReading, sink: HealthSink
-    ) -> None:
+    async def _check_gpu(self, key: str, entries: Sequence[DeviceEntry], sink: HealthSink) -> _Outcome:
         state = self._state[key]
         names = [e.name for e in entries]
+        suspect = self._memory.suspects.pop(key, "")
+        plan = ReadPlan(cper_cursor=state.cper_cursor, skip=frozenset(state.unavailable))
+        progress = Progress()
+        try:
+            reading = await self._lib.run_health(
+                functools.partial(_read_gpu, entries[0].primary, plan, progress), "health_pass"
+            )
+        except VendorCallTimeoutError as error:
+            if suspect:
+                self._memory.suspects.setdefault(key, suspect)
+            return _Outcome(looked=False, failed=self._hung_checks(key, progress, error), hung=True)
+        if suspect and not reading.lost:
+            # Telemetry or rediscovery met a lost status since the last pass: not a silent loss.
+            reading = GpuReading(lost=suspect, cper_cursor=reading.cper_cursor)
         if reading.lost:
-            if not state.lost:
-                state.lost = True
-                log.error("GPU lost", extra=log_fields(gpu=key, error=reading.lost))
-                await self._emit_all(
-                    sink,
-                    names,
-                    condition=GPU_LOST,
-                    severity=Severity.CRITICAL,
-                    message=f"GPU stopped answering: {reading.lost}",
-                    kind=ConditionKind.STATE,
-                )
+            await self._set_lost(key, names, state, reading.lost, sink)
+            return _Outcome(looked=True)
+        await self._set_lost(key, names, state, "", sink)
+        for check, why in sorted(reading.unavailable.items()):
+            state.unavailable.add(check)
+            log.info(
+                "health check not supported on this GPU; skipping it",
+                extra=log_fields(gpu=key, check=check, reason=why),
+            )
+        failed = tuple(c for step in sorted(reading.failed) for c in STEP_CHECKS.get(step, (step,)))
+        for step, why in sorted(reading.failed.items()):
+            log.debug("health check failed", extra=log_fields(gpu=key, check=step, error=why))
+        state.cper_cursor = reading.cper_cursor
+        if ECC_UNCORRECTABLE not in reading.failed:
+            await self._apply_ecc(key, names, state, reading, sink)
+            if reading.ecc is not None:
+                corrected = reading.ecc.totals.corrected
+                await self._apply_rate(names, state, ECC_CORRECTABLE_RATE, corrected, sink)
+        await self._apply_bad_pages(key, names, state, reading, sink)
+        await self._apply_cper(key, names, reading, sink)
+        if reading.pcie_replays is not None:
+            await self._apply_rate(names, state, PCIE_REPLAY_RATE, reading.pcie_replays, sink)
+        if reading.xgmi_status is not None:
+            status = XGMI_STATUS.get(reading.xgmi_status, "errors") if reading.xgmi_status else ""
+            await self._set_trend(
+                names, state, XGMI_ERRORS, f"the XGMI link reports {status}" if status else "", sink
+            )
+        return _Outcome(looked=not failed, failed=failed)
+
+    def _hung_checks(self, key: str, progress: Progress, error: VendorCallTimeoutError) -> tuple[str, ...]:
+        """The checks to report failed for a pass call that did not return (or could not start)."""
+        stuck = self._stuck
+        if progress.started:
+            step = progress.step
+            self._stuck = progress
+            log.warning(
+                "a health check did not return; the GPU is not counted as checked",
+                extra=log_fields(gpu=key, check=step, error=str(error)),
+            )
+        elif stuck is not None and not stuck.done:
+            step = stuck.step  # the lane is still held by the call that hung before
+        else:
+            step = ANSWERS
+        return STEP_CHECKS.get(step, (step,))
+
+    async def _set_lost(
+        self, key: str, names: Sequence[str], state: _GpuState, why: str, sink: HealthSink
+    ) -> None:
+        if bool(why) == state.lost:
             return
-        if state.lost:
-            state.lost = False
+        state.lost = bool(why)
+        if why:
+            log.error("GPU lost", extra=log_fields(gpu=key, error=why))
+            # Its counters may restart when it comes back: the rates start over, telemetry has none.
+            for window in state.rates.values():
+                window.reset()
+            state.ecc_totals = None
+        else:
             log.warning("GPU answers again", extra=log_fields(gpu=key))
-            await self._emit_all(
-                sink,
-                names,
-                condition=GPU_LOST,
-                severity=Severity.CRITICAL,
-                kind=ConditionKind.STATE,
-                cleared=True,
-            )
-        state.cper_cursor, state.cper_supported = reading.cper_cursor, reading.cper_supported
-        await self._apply_ecc(key, names, state, reading, sink)
-        now = self._clock.time()
-        for at, notify, record in reading.cper:
-            if now - at > self._settings.cper_max_age:
-                log.info(
-                    "old fatal CPER record ignored", extra=log_fields(gpu=key, record=record, age=now - at)
-                )
-                continue
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
-            await self._emit_all(
-                sink,
-                names,
-                condition=CPER_FATAL,
-                severity=Severity.CRITICAL,
-                value=notify.lower()[:63],
-                message=f"fatal CPER record {record} at {stamp}",
-            )
+        await self._emit_all(
+            sink,
+            names,
+            condition=GPU_LOST,
+            severity=Severity.CRITICAL,
+            message=f"GPU stopped answering: {why}" if why else "",
+            kind=ConditionKind.STATE,
+            cleared=not why,
+        )
 
     async def _apply_ecc(
-        self, key: str, names: Sequence[str], state: _GpuState, reading: RasReading, sink: HealthSink
+        self, key: str, names: Sequence[str], state: _GpuState, reading: GpuReading, sink: HealthSink
     ) -> None:
         if reading.ecc is None:
+            if not reading.ras_problem:  # the step did not run
+                return
+            state.ecc_totals = None
             if not state.ras_unmonitored:
                 state.ras_unmonitored = True
                 log.warning("RAS unavailable", extra=log_fields(gpu=key, error=reading.ras_problem))
@@ -470,6 +516,7 @@ class HealthMonitor:
                     kind=ConditionKind.STATE,
                 )
             return
+        state.ecc_totals = reading.ecc.totals
         if state.ras_unmonitored:
             state.ras_unmonitored = False
             await self._emit_all(
@@ -481,7 +528,7 @@ class HealthMonitor:
                 kind=ConditionKind.STATE,
                 cleared=True,
             )
-        for block, count in sorted(reading.ecc.items()):
+        for block, count in sorted(reading.ecc.uncorrectable.items()):
             previous = state.ecc.get(block)
             state.ecc[block] = count
             if previous is None:
@@ -499,3 +546,96 @@ class HealthMonitor:
                     value=block,
                     message=f"{count - previous} new uncorrectable errors in {block} ({count} since boot)",
                 )
+
+    async def _apply_bad_pages(
+        self, key: str, names: Sequence[str], state: _GpuState, reading: GpuReading, sink: HealthSink
+    ) -> None:
+        pages = reading.bad_pages
+        if pages is None:  # skipped, unavailable or failed: the last verdict stands
+            return
+        severity: Severity | None = None
+        message = ""
+        if pages.threshold is not None and pages.total >= pages.threshold:
+            severity = Severity.CRITICAL
+            message = (
+                f"{pages.total} bad VRAM pages reach the driver's threshold of {pages.threshold}: "
+                "the GPU needs replacing"
+            )
+        elif pages.pending:
+            severity = Severity.WARNING
+            message = f"{pages.pending} bad VRAM pages pending retirement (a GPU reset retires them)"
+        if severity == state.bad_pages:
+            return
+        previous, state.bad_pages = state.bad_pages, severity
+        log.log(
+            logging.INFO if severity is None else logging.WARNING,
+            "bad VRAM pages" if severity else "bad VRAM pages no longer pending",
+            extra=log_fields(gpu=key, total=pages.total, pending=pages.pending, threshold=pages.threshold),
+        )
+        await self._emit_all(
+            sink,
+            names,
+            condition=BAD_PAGES,
+            severity=severity or previous or Severity.WARNING,
+            message=message,
+            kind=ConditionKind.STATE,
+            cleared=severity is None,
+        )
+
+    async def _apply_cper(
+        self, key: str, names: Sequence[str], reading: GpuReading, sink: HealthSink
+    ) -> None:
+        now = self._clock.time()
+        for record in reading.cper:
+            if now - record.at > self._settings.cper_max_age:
+                log.info(
+                    "old fatal CPER record ignored",
+                    extra=log_fields(gpu=key, record=record.record, age=now - record.at),
+                )
+                continue
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.at))
+            await self._emit_all(
+                sink,
+                names,
+                condition=CPER_FATAL,
+                severity=Severity.CRITICAL,
+                value=record.notify.lower()[:63],
+                message=f"fatal CPER record {record.record} at {stamp}",
+            )
+
+    async def _apply_rate(
+        self, names: Sequence[str], state: _GpuState, condition: str, count: int, sink: HealthSink
+    ) -> None:
+        window = state.rates.setdefault(condition, RateWindow(self._settings.trend_window))
+        rate = window.add(self._clock.monotonic(), count)
+        if rate is None:  # not a whole window yet: no verdict
+            return
+        threshold, what = self._rate_limits[condition]
+        message = ""
+        if rate > threshold:
+            span = self._settings.trend_window
+            message = f"{rate:.1f} {what} per minute over the last {span:g} s (threshold {threshold:g})"
+        await self._set_trend(names, state, condition, message, sink)
+
+    async def _set_trend(
+        self, names: Sequence[str], state: _GpuState, condition: str, message: str, sink: HealthSink
+    ) -> None:
+        """Raise `condition` (a trend: informational STATE) with `message`, or clear it when ""."""
+        if bool(message) == (condition in state.trends):
+            return
+        if message:
+            state.trends.add(condition)
+            log.info(
+                "GPU trend", extra=log_fields(devices=",".join(names), condition=condition, detail=message)
+            )
+        else:
+            state.trends.discard(condition)
+        await self._emit_all(
+            sink,
+            names,
+            condition=condition,
+            severity=Severity.INFO,
+            message=message,
+            kind=ConditionKind.STATE,
+            cleared=not message,
+        )

@@ -25,6 +25,7 @@ T = TypeVar("T")
 
 # amdsmi_status_t values (amdsmi_wrapper.AMDSMI_STATUS_*); stable across ROCm 6 and 7.
 STATUS_NOT_SUPPORTED = 2
+STATUS_NOT_YET_IMPLEMENTED = 3
 STATUS_FAIL_LOAD_MODULE = 4
 STATUS_DRM_ERROR = 6
 STATUS_TIMEOUT = 8
@@ -41,6 +42,9 @@ STATUS_DRIVER_NOT_LOADED = 34
 LOST_STATUSES = frozenset(
     {STATUS_DRM_ERROR, STATUS_IO, STATUS_FILE_ERROR, STATUS_NOT_FOUND, STATUS_DRIVER_NOT_LOADED}
 )
+# Statuses that mean this GPU (or this agent, without root) cannot answer a call at all: asking
+# again will not help, so a health check that gets one is skipped from then on.
+UNAVAILABLE_STATUSES = frozenset({STATUS_NOT_SUPPORTED, STATUS_NOT_YET_IMPLEMENTED, STATUS_NO_PERM})
 
 # What the backend cannot work without; an amdsmi without these is too old (ROCm < 6.2).
 REQUIRED_NAMES = (
@@ -102,6 +106,11 @@ def error_code(error: BaseException) -> int | None:
     except Exception:
         return None
     return code if isinstance(code, int) else None
+
+
+def is_lost(error: BaseException) -> bool:
+    """Whether an amdsmi exception says the GPU (or its driver) is gone."""
+    return error_code(error) in LOST_STATUSES
 
 
 def describe(error: BaseException) -> str:

@@ -12,6 +12,7 @@ from agent.core.backend import ClaimRef, DeviceNode, PlansPrepare, nothing_to_un
 from agent.core.errors import BackendError, DeviceNotFoundError
 from backends.amd.edits import read_edits
 from tests.amd.conftest import MakeBackend
+from tests.amd.test_health import one_pass
 from tests.fakes.fake_amdsmi import mi210, mi300x
 
 CLAIM = ClaimRef("default", "claim", "uid-1")
@@ -127,11 +128,14 @@ async def test_telemetry_fields(make_backend: MakeBackend) -> None:
     gpus[0].vram_used_mb = 1024
     gpus[0].temp_hotspot = 71
     gpus[0].socket_power = 612
-    gpus[0].ecc_correctable = 4
+    gpus[0].ecc_correctable = {"UMC": 3, "GFX": 1}
     gpus[0].ecc_uncorrectable = {"UMC": 1}
     backend, _ = make_backend(gpus)
     await backend.start()
     await backend.discover()
+    before, _ = await backend.telemetry()
+    assert before.ecc_corrected_total is None  # the health pass has not read ECC yet
+    await one_pass(backend)
     first, second = await backend.telemetry()
     await backend.stop()
     assert first.device == "gpu-1-128"
@@ -144,7 +148,8 @@ async def test_telemetry_fields(make_backend: MakeBackend) -> None:
 
 async def test_telemetry_failing_field_degrades_only_that_field(make_backend: MakeBackend) -> None:
     gpus = mi210(2)
-    gpus[0].unsupported = {"amdsmi_get_temp_metric(HOTSPOT)", "amdsmi_get_gpu_total_ecc_count"}
+    gpus[0].unsupported = {"amdsmi_get_temp_metric(HOTSPOT)"}
+    gpus[0].ecc_enabled_mask = 0  # no RAS: the pass has no ECC counts to share
     gpus[0].socket_power = "N/A"
     gpus[1].unsupported = {
         "amdsmi_get_temp_metric(HOTSPOT)",
@@ -156,6 +161,7 @@ async def test_telemetry_failing_field_degrades_only_that_field(make_backend: Ma
     backend, _ = make_backend(gpus)
     await backend.start()
     await backend.discover()
+    await one_pass(backend)
     first, second = await backend.telemetry()
     await backend.telemetry()  # warnings are logged once; still works
     await backend.stop()

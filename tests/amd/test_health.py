@@ -1,9 +1,9 @@
-"""Health: events (reset, ring hang, thermal, VM fault), RAS polling (ECC, CPER), loss, unmonitored."""
+"""Health: events (reset, ring hang, thermal, VM fault), the health pass (ECC, CPER), loss, unmonitored."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -15,7 +15,8 @@ from agent.core.inventory import Inventory
 from agent.core.model import HealthStatus, Severity
 from agent.health.tracker import HealthTracker
 from backends.amd.backend import AmdBackend
-from backends.amd.health import RasReading, close_readers, open_readers, read_ras
+from backends.amd.checks import EccReading, read_ecc
+from backends.amd.health import close_readers, open_readers
 from tests.amd.conftest import MakeBackend
 from tests.fakes.fake_amdsmi import (
     AMDSMI_STATUS_NO_PERM,
@@ -37,10 +38,16 @@ SETTINGS = {"sysfs-root": "/dev/null", "poll-interval": "10", "event-timeout-ms"
 
 @dataclass
 class Sink:
+    """A `HealthSink` that keeps the events and each pass's `report_pass`."""
+
     events: list[HealthEvent] = field(default_factory=list)
+    passes: list[tuple[set[str], list[str]]] = field(default_factory=list)
 
     async def __call__(self, event: HealthEvent) -> None:
         self.events.append(event)
+
+    def pass_completed(self, devices: Collection[str], failed_checks: Collection[str]) -> None:
+        self.passes.append((set(devices), list(failed_checks)))
 
     def of(self, condition: str) -> list[HealthEvent]:
         return [e for e in self.events if e.condition == condition]
@@ -55,26 +62,39 @@ async def eventually(check: Callable[[], bool], limit: float = 5.0) -> None:
 
 @asynccontextmanager
 async def monitoring(
-    make_backend: MakeBackend, gpus: list[FakeGpu], **fake_kwargs: object
+    make_backend: MakeBackend,
+    gpus: list[FakeGpu],
+    settings: dict[str, str] | None = None,
+    **fake_kwargs: object,
 ) -> AsyncIterator[tuple[AmdBackend, FakeAmdSmi, Sink]]:
-    backend, fake = make_backend(gpus, settings=dict(SETTINGS), **fake_kwargs)
+    backend, fake = make_backend(gpus, settings=dict(settings or SETTINGS), **fake_kwargs)
     await backend.start()
     await backend.discover()
     sink = Sink()
     async with anyio.create_task_group() as tg:
         tg.start_soon(backend.monitor_health, sink)
-        # The first poll runs at once; wait for its ECC baseline.
-        await eventually(lambda: fake.calls.get("amdsmi_get_gpu_ecc_enabled", 0) >= 1)
+        # The first pass runs at once; wait for it (its ECC reading is the baseline).
+        await eventually(lambda: len(sink.passes) >= 1)
         yield backend, fake, sink
         tg.cancel_scope.cancel()
     await backend.stop()
 
 
-async def next_poll(fake: FakeAmdSmi, clock: FakeClock) -> None:
-    before = fake.calls.get("amdsmi_get_gpu_vram_usage", 0)
+async def one_pass(backend: AmdBackend) -> Sink:
+    """Run the backend's health monitoring until its first pass completes."""
+    sink = Sink()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(backend.monitor_health, sink)
+        await eventually(lambda: len(sink.passes) >= 1)
+        tg.cancel_scope.cancel()
+    return sink
+
+
+async def next_poll(sink: Sink, clock: FakeClock) -> None:
+    """Move the clock one interval on and wait for the pass it starts to complete."""
+    before = len(sink.passes)
     clock.advance(10)
-    await eventually(lambda: fake.calls.get("amdsmi_get_gpu_vram_usage", 0) > before)
-    await anyio.sleep(0.02)  # let the poll finish applying
+    await eventually(lambda: len(sink.passes) > before)
 
 
 async def test_pre_and_post_reset_mark_the_whole_gpu(make_backend: MakeBackend) -> None:
@@ -129,10 +149,10 @@ async def test_events_unavailable_marks_unmonitored_until_they_open(
 ) -> None:
     async with monitoring(make_backend, mi210(2), events_error=AMDSMI_STATUS_NO_PERM) as (_, fake, sink):
         await eventually(lambda: len(sink.of("unmonitored")) == 2)
-        await next_poll(fake, fake_clock)  # still failing: reported once
+        await next_poll(sink, fake_clock)  # still failing: reported once
         assert len(sink.of("unmonitored")) == 2
         fake.events_error = None
-        await next_poll(fake, fake_clock)
+        await next_poll(sink, fake_clock)
         await eventually(lambda: len(sink.of("unmonitored")) == 4)
     marks = sink.of("unmonitored")
     assert all(e.value == "events" and e.severity is Severity.WARNING for e in marks)
@@ -170,13 +190,13 @@ async def test_ecc_rise_reports_block_and_baseline_is_silent(
 ) -> None:
     gpus = mi300x("cpx_nps4", count=1)
     gpus[0].ecc_uncorrectable = {"UMC": 3}  # errors from before the agent started
-    async with monitoring(make_backend, gpus) as (_, fake, sink):
-        await next_poll(fake, fake_clock)
+    async with monitoring(make_backend, gpus) as (_, _, sink):
+        await next_poll(sink, fake_clock)
         assert sink.of("ecc-uncorrectable") == []
         gpus[0].ecc_uncorrectable = {"UMC": 5, "GFX": 1}
-        await next_poll(fake, fake_clock)
+        await next_poll(sink, fake_clock)
         assert len(sink.of("ecc-uncorrectable")) == 16  # two blocks x eight partitions
-        await next_poll(fake, fake_clock)  # the counter stopped rising: nothing new
+        await next_poll(sink, fake_clock)  # the counter stopped rising: nothing new
         assert len(sink.of("ecc-uncorrectable")) == 16
     umc = [e for e in sink.of("ecc-uncorrectable") if e.value == "umc"]
     assert len(umc) == 8 and umc[0].severity is Severity.CRITICAL and umc[0].kind is ConditionKind.EVENT
@@ -188,14 +208,14 @@ async def test_ras_unavailable_is_unmonitored_until_it_appears(
 ) -> None:
     gpus = mi210(1)
     gpus[0].ecc_enabled_mask = 0  # a VM guest: no RAS
-    async with monitoring(make_backend, gpus) as (_, fake, sink):
+    async with monitoring(make_backend, gpus) as (_, _, sink):
         await eventually(lambda: len(sink.of("unmonitored")) == 1)
         gpus[0].unsupported.add("amdsmi_get_gpu_ecc_enabled")
-        await next_poll(fake, fake_clock)
+        await next_poll(sink, fake_clock)
         assert len(sink.of("unmonitored")) == 1  # still unmonitored, reported once
         gpus[0].unsupported.discard("amdsmi_get_gpu_ecc_enabled")
         gpus[0].ecc_enabled_mask = 1
-        await next_poll(fake, fake_clock)
+        await next_poll(sink, fake_clock)
     down, up = sink.of("unmonitored")
     assert (down.value, down.kind, down.cleared) == ("ras", ConditionKind.STATE, False)
     assert "VM guest" in down.message
@@ -208,11 +228,11 @@ async def test_fatal_cper_within_max_age_only(make_backend: MakeBackend, fake_cl
 
     gpus = mi300x(count=1)
     gpus[0].cper = [cper_record(stamp(86400), record_id="old")]  # kept across a reboot
-    async with monitoring(make_backend, gpus) as (_, fake, sink):
+    async with monitoring(make_backend, gpus) as (_, _, sink):
         gpus[0].cper.append(cper_record(stamp(5), severity="non_fatal_corrected", record_id="c"))
         gpus[0].cper.append(cper_record(stamp(5), notify_type="PCIE", record_id="new"))
-        await next_poll(fake, fake_clock)
-        await next_poll(fake, fake_clock)  # the cursor moved on: no repeat
+        await next_poll(sink, fake_clock)
+        await next_poll(sink, fake_clock)  # the cursor moved on: no repeat
     (fatal,) = sink.of("cper-fatal")
     assert (fatal.device, fatal.value, fatal.severity) == ("gpu-1-128", "pcie", Severity.CRITICAL)
     assert "new" in fatal.message
@@ -220,19 +240,19 @@ async def test_fatal_cper_within_max_age_only(make_backend: MakeBackend, fake_cl
 
 async def test_cper_unsupported_is_not_unmonitored(make_backend: MakeBackend, fake_clock: FakeClock) -> None:
     async with monitoring(make_backend, mi210(1)) as (_, fake, sink):
-        await next_poll(fake, fake_clock)
+        await next_poll(sink, fake_clock)
     assert sink.events == []
     assert fake.calls["amdsmi_get_gpu_cper_entries"] == 1  # not asked again once unsupported
 
 
 async def test_gpu_lost_and_back(make_backend: MakeBackend, fake_clock: FakeClock) -> None:
     gpus = mi300x(count=2)
-    async with monitoring(make_backend, gpus) as (_, fake, sink):
+    async with monitoring(make_backend, gpus) as (_, _, sink):
         gpus[1].lost = True
-        await next_poll(fake, fake_clock)
-        await next_poll(fake, fake_clock)  # reported once
+        await next_poll(sink, fake_clock)
+        await next_poll(sink, fake_clock)  # reported once
         gpus[1].lost = False
-        await next_poll(fake, fake_clock)
+        await next_poll(sink, fake_clock)
     lost, back = sink.of("gpu-lost")
     assert (lost.device, lost.severity, lost.kind, lost.cleared) == (
         "gpu-2-129",
@@ -244,7 +264,7 @@ async def test_gpu_lost_and_back(make_backend: MakeBackend, fake_clock: FakeCloc
     assert (back.device, back.cleared) == ("gpu-2-129", True)
 
 
-def test_read_ras_unsupported_block_is_skipped() -> None:
+def test_read_ecc_unsupported_block_is_skipped() -> None:
     fake = FakeAmdSmi(mi210(1))
     fake.amdsmi_init()
     gpu = fake.gpus[0]
@@ -258,8 +278,7 @@ def test_read_ras_unsupported_block_is_skipped() -> None:
         return original(handle, block)  # type: ignore[arg-type]
 
     fake.amdsmi_get_gpu_ecc_count = count  # type: ignore[method-assign,assignment]
-    reading = read_ras(fake, fake.handle(0), 0, False)
-    assert reading == RasReading(ecc={"umc": 1}, cper_supported=False)
+    assert read_ecc(fake, fake.handle(0)) == (EccReading({"umc": 1}, {"umc": 0}), "")
 
 
 async def test_reset_taints_then_recovers_after_hold(

@@ -22,22 +22,27 @@ from tests.fakes.fake_amdsmi import AMDSMI_STATUS_NO_PERM, FakeAmdSmi, mi210
 from tests.support.clock import FakeClock
 
 
-async def test_lost_gpu_dropped_and_back_is_cleared(make_backend: MakeBackend, fake_clock: FakeClock) -> None:
-    """Lost, left out of a rediscovery, back: the next monitor clears ``gpu-lost``."""
+async def test_lost_gpu_stays_published_and_is_cleared_when_back(
+    make_backend: MakeBackend, fake_clock: FakeClock
+) -> None:
+    """Lost, kept through a rediscovery (tainted ``gpu-lost``), back: a later pass clears it."""
     gpus = mi210(2)
-    async with monitoring(make_backend, gpus) as (backend, fake, sink):
+    async with monitoring(make_backend, gpus) as (backend, _, sink):
         inventory = Inventory(backend.driver_name)
         inventory.set_devices(await backend.discover())
         tracker = HealthTracker(inventory, fake_clock, hold_seconds=60)
         gpus[1].lost = True
-        await next_poll(fake, fake_clock)
+        await next_poll(sink, fake_clock)
         for event in sink.events:
             tracker.record(event)
         assert inventory.health()["gpu-2-129"].status is HealthStatus.UNHEALTHY
-        inventory.set_devices(await backend.discover())  # left out
+        devices = await backend.discover()  # the lost GPU answers NOT_FOUND: it stays published
+        assert [d.name for d in devices] == ["gpu-1-128", "gpu-2-129"]
+        inventory.set_devices(devices)
         gpus[1].lost = False
-        inventory.set_devices(await backend.discover())  # back: monitoring restarts
-        await eventually(lambda: any(e.condition == "gpu-lost" and e.cleared for e in sink.events))
+        await next_poll(sink, fake_clock)  # the rediscovery's lost status: still lost at this pass
+        assert [e.cleared for e in sink.of("gpu-lost")] == [False]
+        await next_poll(sink, fake_clock)  # answers again
     for event in sink.events[1:]:
         tracker.record(event)
     fake_clock.advance(3600)

@@ -5,7 +5,8 @@ enum and exception names, signatures and returned dict keys follow the real pack
 (``amdsmi/amdsmi_interface.py`` and ``amdsmi_exception.py``): status codes, "N/A" for values the
 library cannot read, BDF strings with the partition id in the function, the shared event queue
 read by any `AmdSmiEventReader`. Tests change a `FakeGpu` (``unsupported``, ``lost``,
-``ecc_uncorrectable``, ``cper``) or push events to drive each path.
+``ecc_uncorrectable``, ``ecc_correctable``, ``cper``, ``bad_pages``, ``pcie_replay_count``,
+``xgmi_status``) or push events to drive each path; ``calls`` counts the calls of each function.
 
 Fixtures: `mi300x(mode)` (8 OAMs, ``spx_nps1`` or ``cpx_nps4`` with eight partitions per GPU),
 `mi250x()` (4 OAMs, 8 GCDs), `mi210()` (4 PCIe cards).
@@ -24,13 +25,16 @@ from typing import Any
 AMDSMI_STATUS_SUCCESS = 0
 AMDSMI_STATUS_INVAL = 1
 AMDSMI_STATUS_NOT_SUPPORTED = 2
+AMDSMI_STATUS_NOT_YET_IMPLEMENTED = 3
 AMDSMI_STATUS_FAIL_LOAD_MODULE = 4
 AMDSMI_STATUS_DRM_ERROR = 6
 AMDSMI_STATUS_TIMEOUT = 8
 AMDSMI_STATUS_RETRY = 9
 AMDSMI_STATUS_NO_PERM = 10
+AMDSMI_STATUS_IO = 12
 AMDSMI_STATUS_FILE_ERROR = 14
 AMDSMI_STATUS_INIT_ERROR = 18
+AMDSMI_STATUS_BUSY = 30
 AMDSMI_STATUS_NOT_FOUND = 31
 AMDSMI_STATUS_NOT_INIT = 32
 AMDSMI_STATUS_DRIVER_NOT_LOADED = 34
@@ -38,12 +42,15 @@ AMDSMI_STATUS_DRIVER_NOT_LOADED = 34
 _ERR_INFO = {
     AMDSMI_STATUS_INVAL: "AMDSMI_STATUS_INVAL - Invalid parameters",
     AMDSMI_STATUS_NOT_SUPPORTED: "AMDSMI_STATUS_NOT_SUPPORTED - Feature not supported",
+    AMDSMI_STATUS_NOT_YET_IMPLEMENTED: "AMDSMI_STATUS_NOT_YET_IMPLEMENTED - Feature not yet implemented",
     AMDSMI_STATUS_DRM_ERROR: "AMDSMI_STATUS_DRM_ERROR - Error when called libdrm",
     AMDSMI_STATUS_TIMEOUT: "AMDSMI_STATUS_TIMEOUT - Timeout in API call",
     AMDSMI_STATUS_RETRY: "AMDSMI_STATUS_RETRY - Retry operation",
     AMDSMI_STATUS_NO_PERM: "AMDSMI_STATUS_NO_PERM - Permission Denied",
+    AMDSMI_STATUS_IO: "AMDSMI_STATUS_IO - I/O Error",
     AMDSMI_STATUS_FILE_ERROR: "AMDSMI_STATUS_FILE_ERROR - Error opening file",
     AMDSMI_STATUS_INIT_ERROR: "AMDSMI_STATUS_INIT_ERROR - Initialization error",
+    AMDSMI_STATUS_BUSY: "AMDSMI_STATUS_BUSY - Device busy",
     AMDSMI_STATUS_NOT_FOUND: "AMDSMI_STATUS_NOT_FOUND - Device Not found",
     AMDSMI_STATUS_NOT_INIT: "AMDSMI_STATUS_NOT_INIT - Device not initialized",
     AMDSMI_STATUS_DRIVER_NOT_LOADED: "AMDSMI_STATUS_DRIVER_NOT_LOADED - Driver not loaded",
@@ -164,6 +171,18 @@ class AmdSmiRasErrState(IntEnum):
     INVALID = 4294967295
 
 
+class AmdSmiMemoryPageStatus(IntEnum):
+    RESERVED = 0
+    PENDING = 1
+    UNRESERVABLE = 2
+
+
+class AmdSmiXgmiStatus(IntEnum):
+    NO_ERRORS = 0
+    ERROR = 1
+    MULTIPLE_ERRORS = 2
+
+
 class AmdSmiTemperatureType(IntEnum):
     EDGE = 0
     HOTSPOT = 1
@@ -226,7 +245,9 @@ class FakeGpu:
     """One processor handle's data: a whole GPU, or one partition of one.
 
     ``unsupported`` names functions that raise NOT_SUPPORTED for this handle; ``lost`` makes every
-    call raise ``lost_code``; ``ecc_uncorrectable`` maps block names to counts.
+    call raise ``lost_code``; ``ecc_uncorrectable`` and ``ecc_correctable`` map block names to
+    counts; ``bad_pages`` are `bad_page` records; ``bad_page_threshold`` None is the driver's
+    default (one page per 100 MB of VRAM), "N/A" what amdsmi answers without root.
     """
 
     bdf: str
@@ -250,8 +271,12 @@ class FakeGpu:
         AmdSmiGpuBlock.UMC | AmdSmiGpuBlock.SDMA | AmdSmiGpuBlock.GFX | AmdSmiGpuBlock.MMHUB
     )
     ecc_uncorrectable: dict[str, int] = field(default_factory=dict)
-    ecc_correctable: int = 0
+    ecc_correctable: dict[str, int] = field(default_factory=dict)
     cper: list[dict[str, Any]] = field(default_factory=list)
+    bad_pages: list[dict[str, Any]] = field(default_factory=list)
+    bad_page_threshold: int | str | None = None
+    pcie_replay_count: int | str = 0
+    xgmi_status: int = AmdSmiXgmiStatus.NO_ERRORS
     gfx_activity: int = 0
     vram_used_mb: int = 0
     temp_hotspot: int = 45
@@ -345,6 +370,7 @@ def mi210(count: int = 4) -> list[FakeGpu]:
                 "amdsmi_get_gpu_compute_partition",
                 "amdsmi_get_gpu_memory_partition",
                 "amdsmi_get_gpu_cper_entries",
+                "amdsmi_gpu_xgmi_error_status",  # no XGMI bridge
             },
         )
         for g in range(count)
@@ -375,6 +401,8 @@ class FakeAmdSmi(types.ModuleType):
     AmdSmiEvtNotificationType = AmdSmiEvtNotificationType
     AmdSmiGpuBlock = AmdSmiGpuBlock
     AmdSmiRasErrState = AmdSmiRasErrState
+    AmdSmiMemoryPageStatus = AmdSmiMemoryPageStatus
+    AmdSmiXgmiStatus = AmdSmiXgmiStatus
     AmdSmiTemperatureType = AmdSmiTemperatureType
     AmdSmiTemperatureMetric = AmdSmiTemperatureMetric
     AmdSmiComputePartitionType = AmdSmiComputePartitionType
@@ -614,10 +642,12 @@ class FakeAmdSmi(types.ModuleType):
         }
 
     def amdsmi_get_gpu_total_ecc_count(self, processor_handle: Any) -> dict[str, Any]:
+        # Like the library: the sums of the enabled blocks' counts.
         gpu = self._gpu(processor_handle, "amdsmi_get_gpu_total_ecc_count")
+        enabled = [b.name for b in AmdSmiGpuBlock if b.value and gpu.ecc_enabled_mask & b.value]
         return {
-            "correctable_count": gpu.ecc_correctable,
-            "uncorrectable_count": sum(gpu.ecc_uncorrectable.values()),
+            "correctable_count": sum(gpu.ecc_correctable.get(b, 0) for b in enabled),
+            "uncorrectable_count": sum(gpu.ecc_uncorrectable.get(b, 0) for b in enabled),
             "deferred_count": 0,
         }
 
@@ -631,7 +661,7 @@ class FakeAmdSmi(types.ModuleType):
         if not gpu.ecc_enabled_mask & block.value:
             raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)
         return {
-            "correctable_count": 0,
+            "correctable_count": gpu.ecc_correctable.get(block.name, 0),
             "uncorrectable_count": gpu.ecc_uncorrectable.get(block.name, 0),
             "deferred_count": 0,
         }
@@ -641,6 +671,41 @@ class FakeAmdSmi(types.ModuleType):
         if not gpu.ecc_enabled_mask & block.value:
             return AmdSmiRasErrState.DISABLED
         return AmdSmiRasErrState.MULT_UC if gpu.ecc_uncorrectable.get(block.name) else AmdSmiRasErrState.NONE
+
+    def amdsmi_get_gpu_bad_page_info(self, processor_handle: Any) -> list[dict[str, Any]]:
+        """Records of ``value``, ``page_address``, ``page_size`` and ``status`` (an int, as amdsmi gives)."""
+        gpu = self._gpu(processor_handle, "amdsmi_get_gpu_bad_page_info")
+        return [{"value": i, **record} for i, record in enumerate(gpu.bad_pages)]
+
+    def amdsmi_get_gpu_bad_page_threshold(self, processor_handle: Any) -> int | str:
+        gpu = self._gpu(processor_handle, "amdsmi_get_gpu_bad_page_threshold")
+        return gpu.vram_mb // 100 if gpu.bad_page_threshold is None else gpu.bad_page_threshold
+
+    def amdsmi_get_pcie_info(self, processor_handle: Any) -> dict[str, Any]:
+        gpu = self._gpu(processor_handle, "amdsmi_get_pcie_info")
+        return {
+            "pcie_static": {
+                "max_pcie_width": 16,
+                "max_pcie_speed": 32000,
+                "pcie_interface_version": 5,
+                "slot_type": "OAM",
+            },
+            "pcie_metric": {
+                "pcie_width": 16,
+                "pcie_speed": 32000,
+                "pcie_bandwidth": "N/A",
+                "pcie_replay_count": gpu.pcie_replay_count,
+                "pcie_l0_to_recovery_count": 0,
+                "pcie_replay_roll_over_count": 0,
+                "pcie_nak_sent_count": 0,
+                "pcie_nak_received_count": 0,
+                "pcie_lc_perf_other_end_recovery_count": "N/A",
+            },
+        }
+
+    def amdsmi_gpu_xgmi_error_status(self, processor_handle: Any) -> int:
+        """The status's int value, as `AmdSmiXgmiStatus(status.value).value` gives it."""
+        return int(self._gpu(processor_handle, "amdsmi_gpu_xgmi_error_status").xgmi_status)
 
     def amdsmi_get_gpu_cper_entries(
         self, processor_handle: Any, severity_mask: int, buffer_size: int = 4 * 1048576, cursor: int = 0
@@ -655,6 +720,13 @@ class FakeAmdSmi(types.ModuleType):
                 entries[len(entries)] = dict(record)
                 data.append({"bytes": [], "size": record.get("record_length", 0)})
         return entries, len(gpu.cper), data, AMDSMI_STATUS_SUCCESS
+
+
+def bad_page(
+    address: int, status: AmdSmiMemoryPageStatus = AmdSmiMemoryPageStatus.RESERVED
+) -> dict[str, Any]:
+    """One bad-page record for `FakeGpu.bad_pages` (4 KiB pages; the status as the int amdsmi gives)."""
+    return {"page_address": address, "page_size": 4096, "status": int(status)}
 
 
 def cper_record(
