@@ -35,8 +35,14 @@ Settings (``--backend nvidia:key=value,...``):
   (``79+94``; ``+`` because ``,`` separates settings). Application XIDs 13, 31, 43, 45, 68, 109
   are informational by default.
 - ``telemetry-interval``: minimum seconds between two NVML reads of the counters (default 0: every
-  poll reads); ``health-wait-ms`` (default 500): the event wait step, bounding shutdown time;
-  ``recovery-interval`` (default 5 s): how often the recovery action of a faulted GPU is read.
+  poll reads; the ECC totals are the health pass's readings, never read twice);
+  ``health-wait-ms`` (default 500): the event wait step, bounding shutdown time;
+  ``recovery-interval`` (default 5 s): how often a lost GPU is asked again.
+- ``ecc-correctable-rate`` (default 10), ``pcie-replay-rate`` (default 100), ``nvlink-error-rate``
+  (default 10): errors per minute above which the health pass raises the informational trend
+  conditions ``ecc-correctable-rate``, ``pcie-replay-rate``, ``nvlink-errors``
+  (`backends.nvidia.checks`; a finite number >= 0). The pass itself runs every
+  ``--health-interval`` seconds (an agent flag, default 5).
 
 - ``dynamic-mig``: ``true`` publishes each GPU in MIG mode that no one else partitioned as
   partitionable devices (a counter set, the whole GPU and every MIG placement) and creates the MIG
@@ -48,9 +54,10 @@ Settings (``--backend nvidia:key=value,...``):
   time-slicing or MPS in their opaque configuration (`backends.nvidia.sharingconfig`).
 
 A GPU that falls off the bus while the agent runs gets the STATE condition ``gpu-lost`` on all
-its devices (so the taint policy taints them) and stays published with it; the next rediscovery
-that cannot read the GPU leaves it out, and the devices disappear from the pool. No GPU on the node
-publishes an empty pool and logs that once.
+its devices (so the taint policy taints them), from an event or from the health pass when no event
+comes; a rediscovery that cannot read it keeps its last devices published (warned once) until it
+answers again or is no longer listed. No GPU on the node publishes an empty pool and logs that
+once.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +31,7 @@ from agent.core.model import Device, check_driver_name
 from agent.core.sharing import ConsumableShares, DeviceShare, merge_edits
 from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT
 from backends.nvidia.capnodes import NodeMaker, ensure_cap_nodes, mknod
+from backends.nvidia.checks import CHECKS, RATE_SETTINGS, TRENDS, TrendThresholds
 from backends.nvidia.discovery import DEFAULT_DRIVER_NAME, Discovery, NvDevice, discover_sync
 from backends.nvidia.driverfiles import (
     DEFAULT_HOOK_PATH,
@@ -74,6 +76,7 @@ SETTINGS = (
     ConsumableShares.SETTING,
     "dynamic-mig",
     "dynamic-mig-dir",
+    *RATE_SETTINGS,
 )
 STATE_SUBDIR = "mps"
 LIBRARY_LINKS_SUBDIR = "driver-libraries"
@@ -96,8 +99,8 @@ def _float_setting(settings: Mapping[str, str], key: str, default: float, minimu
         value = float(raw)
     except ValueError:
         value = minimum - 1
-    if value < minimum:
-        raise ConfigError(f"nvidia setting {key}", raw, f"a number of seconds >= {minimum}")
+    if not math.isfinite(value) or value < minimum:
+        raise ConfigError(f"nvidia setting {key}", raw, f"a finite number of seconds >= {minimum}")
     return value
 
 
@@ -110,6 +113,10 @@ class NvidiaBackend:
     """NVIDIA GPUs and MIG devices: discovery, health, CDI edits and telemetry through NVML."""
 
     health_conditions = CONDITIONS
+    health_checks = CHECKS
+    """The health pass's checks (`PollsHealth`; `backends.nvidia.checks`)."""
+    trend_conditions = TRENDS
+    """Conditions that are error-rate trends (`ReportsTrends`)."""
 
     def __init__(
         self,
@@ -142,6 +149,8 @@ class NvidiaBackend:
         self._telemetry_interval = _float_setting(settings, "telemetry-interval", 0.0, 0.0)
         self._wait_ms = int(_float_setting(settings, "health-wait-ms", 500, 10))
         self._recovery_interval = _float_setting(settings, "recovery-interval", 5.0, 0.0)
+        self._thresholds = TrendThresholds.from_settings(settings)
+        self._health_interval = options.health_interval
         dynamic = (settings.get("dynamic-mig") or "false").lower()
         if dynamic not in ("true", "false"):
             raise ConfigError("nvidia setting dynamic-mig", dynamic, "true or false")
@@ -171,6 +180,10 @@ class NvidiaBackend:
         self._discovered = False
         self._said_no_gpus = False
         self._health = HealthState()
+        # GPUs kept published while rediscovery finds them lost (warned once per episode).
+        self._kept_lost: set[str] = set()
+        # GPUs a telemetry read found lost (warned once per episode).
+        self._telemetry_lost: set[str] = set()
         self._monitor_scopes: set[anyio.CancelScope] = set()
         self._telemetry_cache: list[DeviceTelemetry] = []
         self._telemetry_at: float | None = None
@@ -301,6 +314,7 @@ class NvidiaBackend:
                     f"NVIDIA backend: cannot list GPUs: {error}: check the driver with 'nvidia-smi'"
                 ) from error
             raise
+        discovery = self._keep_lost(self._discovery, discovery)
         previous, self._discovery = self._discovery, discovery
         self._discovered = True
         if _watched(previous) != _watched(discovery):
@@ -313,6 +327,38 @@ class NvidiaBackend:
                 extra=log_fields(gpus=len(discovery.gpus), hint="check 'nvidia-smi -L' on the node"),
             )
         return [self._shares.apply(d.device) for d in discovery.devices]
+
+    def _keep_lost(self, previous: Discovery, found: Discovery) -> Discovery:
+        """`found` plus the previous devices of each GPU that now answers GPU_IS_LOST.
+
+        A lost GPU stays published with what it had (the health pass marks it ``gpu-lost``, and
+        the taint keeps work off it) rather than vanishing from the pool without a word.
+        """
+        seen = {g.uuid for g in found.gpus}
+        kept = [g for g in previous.gpus if g.index in found.lost and g.uuid not in seen]
+        for uuid in self._kept_lost - {g.uuid for g in kept}:
+            self._health.suspect.add(uuid)  # read again: the monitor asks it at once
+            log.info(
+                "GPU no longer kept as lost: rediscovery reads it again or no longer lists it",
+                extra=log_fields(gpu=uuid),
+            )
+        now_kept = {g.uuid for g in kept}
+        for gpu in kept:
+            self._health.suspect.add(gpu.uuid)
+            if gpu.uuid not in self._kept_lost:
+                log.warning(
+                    "GPU lost: kept published with its devices while it does not answer",
+                    extra=log_fields(gpu=gpu.uuid, index=gpu.index, hint="reset the GPU or reboot the node"),
+                )
+        self._kept_lost = now_kept
+        if not kept:
+            return found
+        gpus = sorted((*found.gpus, *kept), key=lambda g: g.index)
+        devices = sorted(
+            (*found.devices, *(d for d in previous.devices if d.gpu.uuid in now_kept)),
+            key=lambda d: d.gpu.index,
+        )
+        return Discovery(tuple(gpus), tuple(devices), found.lost)
 
     async def _ensure_discovered(self) -> Discovery:
         if not self._discovered:
@@ -336,6 +382,8 @@ class NvidiaBackend:
                 state=self._health,
                 wait_ms=self._wait_ms,
                 recovery_interval=self._recovery_interval,
+                health_interval=self._health_interval,
+                thresholds=self._thresholds,
             )
             # `discover` cancels this scope when the GPUs change; a failure propagates as it is.
             with anyio.CancelScope() as scope:
@@ -366,7 +414,11 @@ class NvidiaBackend:
         placement = self._dynamic.placements.get(device) if self._dynamic is not None else None
         if self._dynamic is not None and placement is not None:
             # The MIG device is created first; its edits are those of a static MIG device.
-            edits = await self._dynamic.prepare(placement, claim.uid, nv, self._created_edits)
+            try:
+                edits = await self._dynamic.prepare(placement, claim.uid, nv, self._created_edits)
+            except Exception as error:
+                self._suspect_if_lost(nv.gpu.uuid, error)
+                raise
         else:
             edits = await self._edits_for(nv)
         self._prepared[key] = edits
@@ -463,10 +515,22 @@ class NvidiaBackend:
     async def unprepare(self, device: str, claim: ClaimRef) -> None:
         # Only a dynamic MIG device changes the GPU when prepared; the others have nothing to undo.
         if self._dynamic is not None:
-            # The journal, not the current discovery, says which GPU holds the claim's MIG device.
-            gpus = {g.uuid: g.handle for g in (await self._ensure_discovered()).gpus}
+            # The journal, not the current discovery, says which GPU holds the claim's MIG device;
+            # a GPU kept published while lost took its MIG devices with it.
+            discovery = await self._ensure_discovered()
+            gpus = {g.uuid: g.handle for g in discovery.gpus if g.uuid not in self._kept_lost}
             await self._dynamic.unprepare(device, claim.uid, gpus)
         self._prepared.pop((claim.uid, device), None)
+
+    def _suspect_if_lost(self, gpu_uuid: str, error: BaseException) -> None:
+        """A call that met GPU_IS_LOST makes the health pass ask that GPU at once."""
+        nvml = self._nvml
+        cause: BaseException | None = error
+        while cause is not None and nvml is not None:
+            if nvml.is_gpu_lost(cause):
+                self._health.suspect.add(gpu_uuid)
+                return
+            cause = cause.__cause__
 
     def _facts(self, name: str) -> DeviceFacts:
         nv = self._device(name)
@@ -495,8 +559,24 @@ class NvidiaBackend:
         placements = self._dynamic.placements if self._dynamic is not None else {}
         # A MIG placement is no device until prepared: its GPU reports for it.
         devices = [d for d in discovery.devices if d.name not in placements]
-        readings = await nvml.run(
-            read_telemetry_sync, nvml, devices, dict(self._health.last_xid), self._clock.time()
+        # The ECC totals are the health pass's last readings: NVML is not asked twice.
+        ecc = {gpu.uuid: self._health.ecc(gpu.uuid) for gpu in discovery.gpus}
+        read = await nvml.run(
+            read_telemetry_sync, nvml, devices, dict(self._health.last_xid), self._clock.time(), ecc
         )
-        self._telemetry_cache, self._telemetry_at = readings, now
-        return readings
+        self._note_lost(read.lost)
+        self._telemetry_cache, self._telemetry_at = read.readings, now
+        return read.readings
+
+    def _note_lost(self, lost: Mapping[str, str]) -> None:
+        """GPUs a telemetry read found lost: the health pass asks them at once; one warning per episode."""
+        for uuid, why in lost.items():
+            self._health.suspect.add(uuid)
+            if uuid not in self._telemetry_lost:
+                log.warning(
+                    "GPU does not answer telemetry reads (GPU_IS_LOST): its readings are unknown",
+                    extra=log_fields(gpu=uuid, error=why),
+                )
+        for uuid in self._telemetry_lost - lost.keys():
+            log.info("GPU answers telemetry reads again", extra=log_fields(gpu=uuid))
+        self._telemetry_lost = set(lost)

@@ -2,7 +2,9 @@
 
 Read-only: nothing here changes MIG mode or any other GPU setting. Runs in a worker thread
 (`discover_sync` is blocking). A call the GPU or driver cannot do drops that attribute, not the
-device; a GPU that is lost (fell off the bus) is left out and logged.
+device; a GPU that is lost (fell off the bus) is left out and logged, and its index is reported
+(`Discovery.lost`) so that the backend keeps publishing what it knew of it (the health pass then
+marks it ``gpu-lost``) instead of letting it vanish.
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ class Discovery:
 
     gpus: tuple[GpuInfo, ...] = ()
     devices: tuple[NvDevice, ...] = ()
+    lost: tuple[int, ...] = ()
+    """Indices of the GPUs that answered GPU_IS_LOST (left out of `gpus` and `devices`)."""
 
     def by_name(self) -> dict[str, NvDevice]:
         return {d.name: d for d in self.devices}
@@ -267,6 +271,7 @@ def discover_sync(
     count = int(lib.nvmlDeviceGetCount())
     gpus: list[GpuInfo] = []
     devices: list[NvDevice] = []
+    lost: list[int] = []
     for index in range(count):
         try:
             gpu, found = _discover_gpu(nvml, driver, index, system, sysfs_root, partitioner=partitioner)
@@ -280,10 +285,12 @@ def discover_sync(
                     index=index, error=str(error), lost=nvml.is_gpu_lost(error), hint="check 'nvidia-smi'"
                 ),
             )
+            if nvml.is_gpu_lost(error):
+                lost.append(index)
             continue
         gpus.append(gpu)
         devices.extend(found)
-    return Discovery(tuple(gpus), tuple(devices))
+    return Discovery(tuple(gpus), tuple(devices), tuple(lost))
 
 
 def _discover_gpu(

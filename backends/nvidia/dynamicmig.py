@@ -62,6 +62,8 @@ class DynamicMig:
         the other MIG device that now has the same name."""
         self._layouts: dict[str, MigLayout] = {}
         self._said: set[tuple[str, str]] = set()
+        self._refused: set[str] = set()
+        """GPUs whose GPU-instance calls fail (published whole), warned once per episode."""
 
     # -- discovery (worker thread) ------------------------------------------------------------
 
@@ -80,7 +82,15 @@ class DynamicMig:
                 f"enable it with 'nvidia-smi -i {gpu.index} -mig 1'",
             )
             return [whole]
-        foreign = self._foreign_instances(gpu)
+        try:
+            foreign = self._foreign_instances(gpu)
+        except Exception as error:
+            if not self._nvml.is_error(error) or self._nvml.is_gpu_lost(error):
+                raise
+            # nvml.h: NOT_SUPPORTED means "MIG not enabled", which can change between two calls
+            # (and NVIDIA's mock answers it always): publish the GPU whole rather than drop it.
+            self._refuse(gpu, f"nvmlDeviceGetGpuInstanceById: {error}")
+            return [whole]
         if foreign:
             self._say(
                 gpu,
@@ -92,16 +102,33 @@ class DynamicMig:
         layout = self._layouts.get(gpu.uuid)
         if layout is None:
             layout = read_layout(self._nvml, gpu, total_memory)
-            self._layouts[gpu.uuid] = layout
+            if layout.profiles:
+                # An empty layout is not kept: the profile calls may answer at the next rediscovery.
+                self._layouts[gpu.uuid] = layout
         if not layout.profiles:
-            self._say(gpu, "NVML lists no MIG placement for this GPU: published as a whole GPU", "")
+            self._refuse(gpu, "NVML lists no MIG placement (the GPU-instance profile calls fail)")
             return [whole]
+        if gpu.uuid in self._refused:
+            self._refused.discard(gpu.uuid)
+            log.info(
+                "GPU-instance calls answer again: the GPU is partitionable", extra=log_fields(gpu=gpu.uuid)
+            )
         device, placements = dynamic_devices(whole.device, gpu.uuid, gpu.minor, gpu.index, layout)
         found = [NvDevice(device, gpu)]
         for placement_device, placement in placements:
             self.placements[placement.name] = placement
             found.append(NvDevice(placement_device, gpu))
         return found
+
+    def _refuse(self, gpu: GpuInfo, why: str) -> None:
+        """Publish `gpu` whole because its GPU-instance calls fail; one warning per episode."""
+        if gpu.uuid in self._refused:
+            return
+        self._refused.add(gpu.uuid)
+        log.warning(
+            "GPU in MIG mode but its GPU-instance calls fail: published as a whole GPU",
+            extra=log_fields(gpu=gpu.uuid, minor=gpu.minor, error=why, hint="check 'nvidia-smi mig -lgip'"),
+        )
 
     def _say(self, gpu: GpuInfo, message: str, hint: str) -> None:
         # One line per GPU and reason, not one per rediscovery.

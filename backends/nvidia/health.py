@@ -7,11 +7,16 @@ monitor returns within one wait. Conditions (for the taint policy):
 - ``xid`` (EVENT, value = the XID): CRITICAL, except application XIDs (13, 31, 43, 45, 68, 109 by
   default, plus ``ignored-xids``, minus ``critical-xids``) which are INFO. Attributed to the MIG
   device through the event's GPU/compute instance IDs, else to every device of the GPU.
-- ``ecc-uncorrectable`` (EVENT, CRITICAL) and ``ecc-correctable`` (EVENT, INFO).
-- ``gpu-lost`` (STATE, CRITICAL, every device of the GPU): NVML says GPU_IS_LOST, or an event
-  cannot be read and the GPU no longer answers. Cleared when the GPU answers again: a lost GPU
+- ``ecc-uncorrectable`` (EVENT, CRITICAL; from a DBE event or a rise of the volatile counter seen
+  by the pass) and ``ecc-correctable`` (EVENT, INFO).
+- ``gpu-lost`` (STATE, CRITICAL, every device of the GPU): NVML says GPU_IS_LOST (or GPU_NOT_FOUND,
+  RESET_REQUIRED) to a registration or to the pass, or an event cannot be read and the GPU no
+  longer answers. Cleared when the GPU answers again: a lost GPU
   is asked every ``recovery-interval`` through a fresh handle (one taken before a GPU reset may
   be stale) and registered for events again; a monitor started after a rediscovery clears it too.
+- the pass's own STATE conditions, raised and cleared on change: ``retired-pages-pending``,
+  ``row-remap-failure``, ``row-remap-pending``, ``recovery-action`` and the trends
+  (`backends.nvidia.checks`).
 - ``unmonitored`` (STATE, WARNING): events cannot be registered; NOT_SUPPORTED on older GPUs
   is a warning (health unknown), never a fault. Cleared when a later registration (a monitor
   started after a rediscovery) succeeds.
@@ -19,8 +24,16 @@ monitor returns within one wait. Conditions (for the taint policy):
 Which GPUs carry these two states is kept in `HealthState`, which outlives one monitor, so a
 monitor started for a new discovery knows what to clear.
 
-Recovery: where the driver reports ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, the XID/ECC conditions
-of a GPU whose action is back to NONE are cleared; elsewhere the taint policy's hold time applies.
+A health pass (`backends.nvidia.checks`) runs every ``health_interval`` seconds besides the
+events, at start too, and after any other call (telemetry, discovery, a prepare) met GPU_IS_LOST
+on a GPU (`HealthState.suspect`): it asks every GPU whether it answers (``gpu-lost`` without any
+event), reads its ECC counters (``ecc-uncorrectable`` on GPUs without ECC events), retired pages,
+row remapping, recovery action and error-rate trends, and tells the core what it looked at
+(`report_pass`). Its ECC readings are telemetry's too (`GpuChecks.ecc`): one read per pass.
+
+Recovery: where the driver reports ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (read by the pass), the
+XID/ECC conditions of a GPU whose action went back to NONE are cleared; elsewhere the taint
+policy's hold time applies.
 
 Every NVML call is bounded and runs on the monitor's own lane (`Nvml.run_health`), never behind
 a telemetry read; a cancelled wait is not waited for, but the event set is freed only once the
@@ -30,6 +43,7 @@ wait in flight has returned.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,12 +52,40 @@ from typing import Any
 
 import anyio
 
-from agent.core.backend import ConditionKind, HealthEvent, HealthSink, report_alive
+from agent.core.backend import (
+    DEFAULT_HEALTH_INTERVAL,
+    ConditionKind,
+    HealthEvent,
+    HealthSink,
+    report_alive,
+    report_pass,
+)
 from agent.core.clock import Clock
 from agent.core.errors import ConfigError
 from agent.core.logs import log_fields
 from agent.core.model import Severity
 from agent.core.vendorcall import STOP_TIMEOUT, VendorCallTimeoutError, acquire_when_free
+from backends.nvidia.checks import (
+    ANSWERS,
+    ECC_CORRECTABLE_RATE,
+    NVLINK_ERRORS,
+    PASS_CONDITIONS,
+    PCIE_REPLAY_RATE,
+    RECOVERY_ACTION,
+    RECOVERY_ACTION_CHECK,
+    RECOVERY_ACTIONS,
+    RECOVERY_NONE,
+    RETIRED_PAGES_PENDING,
+    ROW_REMAP_FAILURE,
+    ROW_REMAP_PENDING,
+    TREND_WINDOW,
+    EccCounts,
+    GpuAsk,
+    GpuChecks,
+    GpuReading,
+    TrendThresholds,
+    read_gpu_sync,
+)
 from backends.nvidia.discovery import INVALID_INSTANCE_ID, GpuInfo, NvDevice
 from backends.nvidia.nvml import Nvml, text
 
@@ -57,7 +99,7 @@ GPU_LOST = "gpu-lost"
 UNMONITORED = "unmonitored"
 ECC_UNCORRECTABLE = "ecc-uncorrectable"
 ECC_CORRECTABLE = "ecc-correctable"
-CONDITIONS = (XID, GPU_LOST, UNMONITORED, ECC_UNCORRECTABLE, ECC_CORRECTABLE)
+CONDITIONS = (XID, GPU_LOST, UNMONITORED, ECC_UNCORRECTABLE, ECC_CORRECTABLE, *PASS_CONDITIONS)
 """Every condition this monitor reports (the backend's `health_conditions`)."""
 
 
@@ -102,12 +144,21 @@ class RawEvent:
 
 @dataclass
 class HealthState:
-    """What outlives one monitor: the last XID per GPU UUID (for telemetry), and the GPUs whose
-    ``gpu-lost`` or ``unmonitored`` condition is set and not yet cleared."""
+    """What outlives one monitor: the last XID per GPU UUID (for telemetry), the GPUs whose
+    ``gpu-lost`` or ``unmonitored`` condition is set and not yet cleared, the GPUs another call
+    found lost (the next pass asks them at once), and each GPU's pass state (ECC baselines, what
+    the pass raised, unsupported checks)."""
 
     last_xid: dict[str, int] = field(default_factory=dict)
     lost: set[str] = field(default_factory=set)
     unmonitored: set[str] = field(default_factory=set)
+    suspect: set[str] = field(default_factory=set)
+    checks: dict[str, GpuChecks] = field(default_factory=dict)
+
+    def ecc(self, gpu_uuid: str) -> EccCounts:
+        """The ECC totals the last pass read of `gpu_uuid` (telemetry's source)."""
+        checks = self.checks.get(gpu_uuid)
+        return checks.ecc if checks is not None else EccCounts()
 
 
 class _Outcome:
@@ -131,6 +182,8 @@ class HealthMonitor:
         state: HealthState | None = None,
         wait_ms: int = 500,
         recovery_interval: float = 5.0,
+        health_interval: float = DEFAULT_HEALTH_INTERVAL,
+        thresholds: TrendThresholds | None = None,
     ) -> None:
         self._nvml = nvml
         self._lib: Any = nvml.lib
@@ -150,12 +203,14 @@ class HealthMonitor:
         # ran finds `_closing` set and leaves the set alone (it may be freed by then).
         self._set_lock = threading.Lock()
         self._closing = False
-        # GPUs with an active XID/ECC condition whose recovery action is polled.
+        # GPUs with an active XID/ECC condition whose recovery action the pass watches.
         self._faulted: dict[str, set[tuple[str, str, str]]] = {}
         # GPUs whose recovery action was seen other than NONE since their fault.
         self._recovering: set[str] = set()
-        self._no_recovery_field: set[str] = set()
         self._next_poll = 0.0
+        self._health_interval = health_interval
+        self._thresholds = thresholds or TrendThresholds()
+        self._next_pass = 0.0
         self._wanted = (
             int(getattr(self._lib, "nvmlEventTypeXidCriticalError", 0x8))
             | int(getattr(self._lib, "nvmlEventTypeDoubleBitEccError", 0x2))
@@ -177,15 +232,20 @@ class HealthMonitor:
             for event in await self._nvml.run_health(self._register_sync):
                 await sink(event)
             report_alive(sink)
+            # The first pass at once: the core learns what the GPUs say before any interval.
+            await self.run_pass(sink)
             while True:
                 if self._event_set is None:
-                    await self._clock.sleep(max(self._recovery_interval, self._wait_ms / 1000))
+                    idle = max(self._recovery_interval, self._wait_ms / 1000)
+                    await self._clock.sleep(max(0.0, min(idle, self._next_pass - self._clock.monotonic())))
                 else:
                     outcome = await self._wait()
                     for event in await self._handle(outcome):
                         await sink(event)
                 report_alive(sink)
-                if (self._faulted or self._lost_here()) and self._clock.monotonic() >= self._next_poll:
+                if self._pass_due():
+                    await self.run_pass(sink)
+                if self._revive_due():
                     self._next_poll = self._clock.monotonic() + self._recovery_interval
                     for event in await self._nvml.run_health(self._poll_sync):
                         await sink(event)
@@ -273,9 +333,14 @@ class HealthMonitor:
         with self._set_lock:
             return _Outcome() if self._closing else self._wait_once()
 
+    def _wait_timeout_ms(self) -> int:
+        # A wait ends by the next pass, so that a pass is at most its interval late, not a wait later.
+        until_pass = (self._next_pass - self._clock.monotonic()) * 1000
+        return max(1, min(self._wait_ms, math.ceil(until_pass)))
+
     def _wait_once(self) -> _Outcome:
         try:
-            data = self._lib.nvmlEventSetWait_v2(self._event_set, self._wait_ms)
+            data = self._lib.nvmlEventSetWait_v2(self._event_set, self._wait_timeout_ms())
         except Exception as error:
             if self._nvml.is_timeout(error):
                 return _Outcome()
@@ -329,12 +394,13 @@ class HealthMonitor:
 
     def _poll_sync(self) -> list[HealthEvent]:
         with self._set_lock:
-            return [] if self._closing else self._revive() + self._poll_recovery()
+            return [] if self._closing else self._revive()
 
     def _revive(self) -> list[HealthEvent]:
         """Ask each lost GPU again, through a fresh handle; one that answers is watched again."""
         events: list[HealthEvent] = []
         for gpu in self._lost_here():
+            self.state.suspect.discard(gpu.uuid)
             try:
                 by_uuid = getattr(self._lib, "nvmlDeviceGetHandleByUUID", None)
                 handle = by_uuid(gpu.uuid) if by_uuid is not None else self._handles[gpu.uuid]
@@ -350,57 +416,6 @@ class HealthMonitor:
                 events.extend(self._cleared(gpu, GPU_LOST, Severity.CRITICAL, "GPU answers again"))
         return events
 
-    def _poll_recovery(self) -> list[HealthEvent]:
-        lib = self._lib
-        field_id = getattr(lib, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
-        events: list[HealthEvent] = []
-        for uuid, keys in list(self._faulted.items()):
-            gpu = self._gpus[uuid]
-            action = self._recovery_action(gpu, field_id)
-            if action is None:
-                # Not readable: the hold time of the taint policy ends these conditions.
-                self._no_recovery_field.add(uuid)
-                del self._faulted[uuid]
-                continue
-            if action != 0:
-                self._recovering.add(uuid)
-                continue
-            del self._faulted[uuid]
-            if uuid not in self._recovering:
-                # NONE from the start: the driver asks for nothing; the hold time applies.
-                continue
-            self._recovering.discard(uuid)
-            log.info("GPU recovered (recovery action none)", extra=log_fields(gpu=uuid))
-            events.extend(
-                HealthEvent(
-                    device,
-                    condition,
-                    Severity.CRITICAL,
-                    value,
-                    "recovery action is none",
-                    ConditionKind.EVENT,
-                    cleared=True,
-                    at=self._clock.time(),
-                )
-                for device, condition, value in sorted(keys)
-            )
-        return events
-
-    def _recovery_action(self, gpu: GpuInfo, field_id: int | None) -> int | None:
-        if field_id is None or gpu.uuid in self._no_recovery_field:
-            return None
-        success = int(getattr(self._lib, "NVML_SUCCESS", 0))
-        try:
-            values = self._lib.nvmlDeviceGetFieldValues(self._handles[gpu.uuid], [field_id])
-        except Exception as error:
-            if not self._nvml.is_error(error):
-                raise
-            return None
-        value = values[0]
-        if int(value.nvmlReturn) != success:
-            return None
-        return int(value.value.uiVal)
-
     def _free_sync(self) -> None:
         if self._event_set is None:
             return
@@ -409,6 +424,277 @@ class HealthMonitor:
             self._lib.nvmlEventSetFree(event_set)
         except Exception as error:
             log.debug("nvmlEventSetFree failed", extra=log_fields(error=str(error)))
+
+    # -- the health pass ----------------------------------------------------------------------
+
+    def _revive_due(self) -> bool:
+        lost = {gpu.uuid for gpu in self._lost_here()}
+        # A rediscovery that reads a lost GPU again (a suspect) has it asked at once.
+        return bool(lost) and (self._clock.monotonic() >= self._next_poll or bool(lost & self.state.suspect))
+
+    def _pass_due(self) -> bool:
+        if self._clock.monotonic() >= self._next_pass:
+            return True
+        # Another call met GPU_IS_LOST on one of our GPUs: ask it now, not an interval later.
+        return bool((self.state.suspect & self._gpus.keys()) - self.state.lost)
+
+    async def run_pass(self, sink: HealthSink) -> None:
+        """One health pass over every GPU; its events go to `sink`, then `report_pass`."""
+        self._next_pass = self._clock.monotonic() + self._health_interval
+        events: list[HealthEvent] = []
+        looked: list[str] = []
+        failed: set[str] = set()
+        newly_lost = False
+        for uuid, gpu in self._gpus.items():
+            names = [d.name for d in self.devices_of(uuid)]
+            if uuid in self.state.lost:
+                # Known lost: asked again every recovery-interval (`_revive`); its state is current.
+                looked.extend(names)
+                continue
+            checks = self.state.checks.setdefault(uuid, GpuChecks())
+            reading = GpuReading()
+            fresh = self._clock.monotonic() - checks.links_at < TREND_WINDOW
+            ask = GpuAsk(
+                uuid,
+                self._handles[uuid],
+                frozenset(checks.unsupported),
+                uuid in self.state.suspect,
+                checks.links if fresh else None,
+            )
+            try:
+                await self._nvml.run_health(read_gpu_sync, self._nvml, ask, reading)
+            except VendorCallTimeoutError as error:
+                # A hung call is the check failing, not the GPU: the GPU is left out of this pass,
+                # and so are the GPUs after it (the hung call holds the lane until it returns).
+                check = reading.current or ANSWERS
+                failed.add(check)
+                self._check_failed(uuid, checks, check, str(error))
+                break
+            self.state.suspect.discard(uuid)
+            if reading.lost:
+                events.extend(self._lost_events(gpu, f"GPU does not answer: {reading.lost}"))
+                newly_lost = True
+                looked.extend(names)
+                continue
+            if reading.handle is not None:
+                self._handles[uuid] = reading.handle
+            events.extend(self._apply(gpu, checks, reading))
+            failed.update(reading.failed)
+            if not reading.failed:
+                looked.extend(names)
+        if newly_lost and self._event_set is not None:
+            # Stop waiting on what a lost GPU registered (a real driver may fail waits for it).
+            events.extend(await self._nvml.run_health(self._rebuild_sync))
+        for event in events:
+            await sink(event)
+        report_pass(sink, looked, failed_checks=sorted(failed))
+
+    def _check_failed(self, uuid: str, checks: GpuChecks, check: str, why: str) -> None:
+        if check in checks.failing:
+            return
+        checks.failing.add(check)
+        log.warning(
+            "GPU health check failed: the GPU is left out of this pass, not marked",
+            extra=log_fields(gpu=uuid, check=check, error=why),
+        )
+
+    def _apply(self, gpu: GpuInfo, checks: GpuChecks, reading: GpuReading) -> list[HealthEvent]:
+        """Turn one GPU's reading into conditions; remember baselines and what was raised."""
+        uuid = gpu.uuid
+        for check, why in reading.unsupported.items():
+            if check not in checks.unsupported:
+                checks.unsupported.add(check)
+                checks.failing.discard(check)
+                log.info(
+                    "GPU health check not supported: skipped for this GPU from now on",
+                    extra=log_fields(gpu=uuid, check=check, reason=why),
+                )
+                if check == RECOVERY_ACTION_CHECK:
+                    # No recovery reports: the taint policy's hold time ends its faults.
+                    self._faulted.pop(uuid, None)
+                    self._recovering.discard(uuid)
+        for check, why in reading.failed.items():
+            self._check_failed(uuid, checks, check, why)
+        if reading.links is not None:
+            checks.links, checks.links_at = reading.links, self._clock.monotonic()
+        elif NVLINK_ERRORS in reading.failed:
+            checks.links = None  # a link may have gone: ask the states again
+        for check in sorted(checks.failing - reading.failed.keys()):
+            checks.failing.discard(check)
+            log.info("GPU health check works again", extra=log_fields(gpu=uuid, check=check))
+        now = self._clock.time()
+        events: list[HealthEvent] = []
+        before = checks.ecc
+        rose = before.uncorrected is not None and (reading.ecc_uncorrected or 0) > before.uncorrected
+        if rose:
+            log.error(
+                "uncorrectable ECC errors counted",
+                extra=log_fields(gpu=uuid, before=before.uncorrected, now=reading.ecc_uncorrected),
+            )
+            events.extend(
+                self._conditions(
+                    gpu,
+                    self.devices_of(uuid),
+                    condition=ECC_UNCORRECTABLE,
+                    severity=Severity.CRITICAL,
+                    value="",
+                    message=(
+                        f"uncorrectable ECC errors: volatile count {before.uncorrected} -> "
+                        f"{reading.ecc_uncorrected}"
+                    ),
+                    now=now,
+                )
+            )
+        # A counter that went down was reset (GPU reset): the new reading is the new baseline.
+        checks.ecc = EccCounts(
+            reading.ecc_corrected if reading.ecc_corrected is not None else before.corrected,
+            reading.ecc_uncorrected if reading.ecc_uncorrected is not None else before.uncorrected,
+        )
+        if reading.retired_pending is not None:
+            events.extend(
+                self._state(
+                    gpu,
+                    checks,
+                    RETIRED_PAGES_PENDING,
+                    Severity.WARNING,
+                    reading.retired_pending,
+                    message="retired pages pending: reset the GPU or reboot the node to retire them",
+                )
+            )
+        rows = reading.row_remap
+        if rows is not None:
+            events.extend(
+                self._state(
+                    gpu,
+                    checks,
+                    ROW_REMAP_FAILURE,
+                    Severity.CRITICAL,
+                    rows.failure,
+                    message=f"row remapping failed ({rows.uncorrectable} rows remapped for uncorrectable "
+                    "errors): the GPU needs service",
+                )
+            )
+            events.extend(
+                self._state(
+                    gpu,
+                    checks,
+                    ROW_REMAP_PENDING,
+                    Severity.WARNING,
+                    rows.pending,
+                    message="row remapping pending: reset the GPU to apply it",
+                )
+            )
+        if reading.recovery_action is not None:
+            events.extend(self._apply_recovery(gpu, checks, reading.recovery_action))
+        mono = self._clock.monotonic()
+        for trend, value in (
+            (ECC_CORRECTABLE_RATE, reading.ecc_corrected),
+            (PCIE_REPLAY_RATE, reading.pcie_replays),
+            (NVLINK_ERRORS, reading.nvlink_errors),
+        ):
+            if value is None:
+                continue
+            rate = checks.rate(trend, mono, value)
+            if rate is None:
+                continue
+            threshold = self._thresholds.of(trend)
+            events.extend(
+                self._state(
+                    gpu,
+                    checks,
+                    trend,
+                    Severity.INFO,
+                    rate > threshold,
+                    message=f"{rate:.1f} errors per minute over the last minute (threshold {threshold:g})",
+                )
+            )
+        return events
+
+    def _apply_recovery(self, gpu: GpuInfo, checks: GpuChecks, action: int) -> list[HealthEvent]:
+        """The ``recovery-action`` state, and the end of XID/ECC faults when the action is back to NONE."""
+        uuid = gpu.uuid
+        checks.recovery_action = action
+        events = self._state(
+            gpu,
+            checks,
+            RECOVERY_ACTION,
+            Severity.CRITICAL,
+            action != RECOVERY_NONE,
+            value=RECOVERY_ACTIONS.get(action, str(action)),
+            message="the driver asks for a recovery action"
+            if action != RECOVERY_NONE
+            else "recovery action is none",
+        )
+        keys = self._faulted.get(uuid)
+        if keys is None:
+            return events
+        if action != RECOVERY_NONE:
+            self._recovering.add(uuid)
+            return events
+        del self._faulted[uuid]
+        if uuid not in self._recovering:
+            # NONE from the start: the driver asks for nothing; the hold time applies.
+            return events
+        self._recovering.discard(uuid)
+        log.info("GPU recovered (recovery action none)", extra=log_fields(gpu=uuid))
+        now = self._clock.time()
+        events.extend(
+            HealthEvent(
+                device,
+                condition,
+                Severity.CRITICAL,
+                value,
+                "recovery action is none",
+                ConditionKind.EVENT,
+                cleared=True,
+                at=now,
+            )
+            for device, condition, value in sorted(keys)
+        )
+        return events
+
+    def _state(
+        self,
+        gpu: GpuInfo,
+        checks: GpuChecks,
+        condition: str,
+        severity: Severity,
+        active: bool,
+        *,
+        message: str,
+        value: str = "",
+    ) -> list[HealthEvent]:
+        """Raise or clear a STATE condition the pass owns, on every device of `gpu`, on change only."""
+        raised = checks.raised.get(condition)
+        if active and raised == value:
+            return []
+        if not active and raised is None:
+            return []
+        now = self._clock.time()
+        names = [d.name for d in self.devices_of(gpu.uuid)]
+        events: list[HealthEvent] = []
+        if raised is not None:
+            # Cleared with the value it was raised with (a new value is a new condition).
+            del checks.raised[condition]
+            log.info("GPU condition ended", extra=log_fields(gpu=gpu.uuid, condition=condition, value=raised))
+            events.extend(
+                HealthEvent(
+                    n, condition, severity, raised, message, ConditionKind.STATE, cleared=True, at=now
+                )
+                for n in names
+            )
+        if active:
+            checks.raised[condition] = value
+            log.log(
+                logging.INFO if severity is Severity.INFO else logging.WARNING,
+                "GPU condition",
+                extra=log_fields(gpu=gpu.uuid, condition=condition, value=value, detail=message),
+            )
+            events.extend(
+                HealthEvent(n, condition, severity, value, message, ConditionKind.STATE, at=now)
+                for n in names
+            )
+        return events
 
     # -- event handling -------------------------------------------------------------------------
 
@@ -500,9 +786,15 @@ class HealthMonitor:
             HealthEvent(d.name, condition, severity, value, message, ConditionKind.EVENT, at=now)
             for d in targets
         ]
-        if severity is Severity.CRITICAL and gpu.uuid not in self._no_recovery_field:
+        checks = self.state.checks.get(gpu.uuid)
+        if severity is Severity.CRITICAL and (
+            checks is None or RECOVERY_ACTION_CHECK not in checks.unsupported
+        ):
             keys = self._faulted.setdefault(gpu.uuid, set())
             keys.update((e.device, e.condition, e.value) for e in events)
+            if checks is not None and checks.recovery_action not in (None, RECOVERY_NONE):
+                # The driver already asks for an action: its return to NONE ends this fault too.
+                self._recovering.add(gpu.uuid)
         return events
 
     def _lost_events(self, gpu: GpuInfo, message: str) -> list[HealthEvent]:

@@ -11,7 +11,15 @@ names because a ctypes structure cannot hold a Python handle.
 Tests feed events with `FakeNvml.emit` / `emit_error`, make calls fail with `fail`, lose a GPU
 with `lose`, make a function block like a wedged driver with `hang` (until `release`), and set
 `recovery_action`. Fixtures: `a100_mig` (A100-SXM4-80GB with MIG devices),
-`a100_full_mig` (one 7g.80gb), `h100` (H100 80GB HBM3, MIG off), `l4` (no MIG).
+`a100_full_mig` (one 7g.80gb), `h100` (H100 80GB HBM3, MIG off), `l4` (no MIG), `t4` (retired
+pages, no row remapping), `l40s` (neither).
+
+NVIDIA's own mock NVML (k8s-test-infra ``mocknvml``) behaves differently in places (see
+/work/shared/reference/nvml-mock-vs-fake.md); `as_mock` makes a GPU answer as the mock does
+(XID-only events, no recovery-action field, no GPU-instance API, no MIG handles), `lose(...,
+event=False)` loses a GPU as its ``lost`` mode does (getters GPU_IS_LOST, waits time out),
+`fall_off_bus` as its ``fallen_off_bus`` mode (XID 79 whose device can no longer be read) and
+`raise_ecc` makes the ECC counters rise with no event.
 """
 
 from __future__ import annotations
@@ -96,6 +104,23 @@ class FakeGpu:
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
     recovery_action: int | None = int(real.NVML_GPU_RECOVERY_ACTION_NONE)
+    """None: the field answers NOT_SUPPORTED (older drivers, NVIDIA's mock)."""
+    ecc: bool = True
+    """False: the ECC counters answer NOT_SUPPORTED (ECC off, consumer GPUs)."""
+    retired_pages: list[int] | None = None
+    """Retired page addresses; None: no page retirement on this GPU (Ampere and later: NOT_SUPPORTED)."""
+    retired_pending: bool = False
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
+    """(correctable rows, uncorrectable rows, pending, failure occurred); None: no row remapping."""
+    pcie_replays: int | None = 0
+    nvlinks: list[bool] = field(default_factory=list)
+    """NVLink state per link (True: active); empty: no NVLink (the link calls answer NOT_SUPPORTED)."""
+    nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(link, NVML_NVLINK_ERROR_DL_*) -> count."""
+    gi_api: bool = True
+    """False: the GPU-instance calls answer NOT_SUPPORTED (NVIDIA's mock; nvml.h: MIG not enabled)."""
+    mig_handles: bool = True
+    """False: nvmlDeviceGetMigDeviceHandleByIndex answers NOT_FOUND for every slot (NVIDIA's mock)."""
     lost: bool = False
     failures: dict[str, int] = field(default_factory=dict)
     """NVML function name -> error code it raises for this GPU."""
@@ -160,6 +185,7 @@ def a100_mig(minor: int = 0, bus: str = "00000000:07:00.0") -> FakeGpu:
         memory_total=81920 * MIB,
         mig_mode=(1, 1),
         profiles=list(A100_PROFILES),
+        nvlinks=[True] * 12,
         migs=[
             FakeMig(f"MIG-a100{minor:04d}-0001-0000-0000-000000000000", 2, 0, 9, 4, 4),
             FakeMig(f"MIG-a100{minor:04d}-0002-0000-0000-000000000000", 3, 0, 14, 0, 2),
@@ -187,6 +213,7 @@ def h100(minor: int = 2, bus: str = "00000000:18:00.0") -> FakeGpu:
         cc=(9, 0),
         memory_total=81559 * MIB,
         mig_mode=(0, 0),
+        nvlinks=[True] * 18,
     )
 
 
@@ -202,7 +229,52 @@ def l4(minor: int = 3, bus: str = "00000000:3B:00.0") -> FakeGpu:
         memory_total=23034 * MIB,
         mig_mode=None,
         max_migs=0,
+        remapped_rows=None,
     )
+
+
+def t4(minor: int = 4, bus: str = "00000000:5E:00.0") -> FakeGpu:
+    """T4 (Turing): page retirement, no row remapping, no NVLink, no MIG."""
+    return FakeGpu(
+        name="Tesla T4",
+        uuid=f"GPU-00t4{minor:04d}-0000-0000-0000-000000000000",
+        minor=minor,
+        bus_id=bus,
+        architecture=int(real.NVML_DEVICE_ARCH_TURING),
+        cc=(7, 5),
+        memory_total=15360 * MIB,
+        brand=int(real.NVML_BRAND_TESLA),
+        mig_mode=None,
+        max_migs=0,
+        retired_pages=[],
+        remapped_rows=None,
+    )
+
+
+def l40s(minor: int = 5, bus: str = "00000000:86:00.0") -> FakeGpu:
+    """L40S (Ada): neither page retirement nor row remapping, no NVLink, no MIG."""
+    return FakeGpu(
+        name="NVIDIA L40S",
+        uuid=f"GPU-l40s{minor:04d}-0000-0000-0000-000000000000",
+        minor=minor,
+        bus_id=bus,
+        architecture=int(real.NVML_DEVICE_ARCH_ADA),
+        cc=(8, 9),
+        memory_total=46068 * MIB,
+        mig_mode=None,
+        max_migs=0,
+        remapped_rows=None,
+    )
+
+
+def as_mock(gpu: FakeGpu) -> FakeGpu:
+    """`gpu` answering as NVIDIA's mock NVML does: XID events only, no recovery-action field, no
+    GPU-instance API and no MIG device handles (the mock implements neither)."""
+    gpu.supported_events = XID_CRITICAL
+    gpu.recovery_action = None
+    gpu.gi_api = False
+    gpu.mig_handles = False
+    return gpu
 
 
 class FakeNvml:
@@ -251,10 +323,32 @@ class FakeNvml:
             if not event_set.freed:
                 event_set.queue.put(error(code))
 
-    def lose(self, gpu_uuid: str) -> None:
-        """The GPU falls off the bus: its calls raise GPU_IS_LOST and waits report it."""
+    def lose(self, gpu_uuid: str, *, event: bool = True) -> None:
+        """The GPU falls off the bus: its calls raise GPU_IS_LOST and waits report it.
+
+        ``event=False`` is the mock's ``lost`` mode: the getters (handle lookups too) answer
+        GPU_IS_LOST but no wait reports anything; waits keep timing out.
+        """
         self.gpu(gpu_uuid).lost = True
-        self.emit_error(int(real.NVML_ERROR_GPU_IS_LOST))
+        if event:
+            self.emit_error(int(real.NVML_ERROR_GPU_IS_LOST))
+
+    def fall_off_bus(self, gpu_uuid: str, xid: int = 79) -> None:
+        """The mock's ``fallen_off_bus`` mode: XID 79 is delivered, but reading the event's device
+        (its UUID) already answers GPU_IS_LOST, as does every getter of the GPU."""
+        self.emit(gpu_uuid, XID_CRITICAL, xid)
+        self.gpu(gpu_uuid).lost = True
+
+    def raise_ecc(self, gpu_uuid: str, uncorrected: int = 0, corrected: int = 0) -> None:
+        """The volatile ECC counters rise with no event (the mock's ``ecc_uncorrectable`` mode)."""
+        gpu = self.gpu(gpu_uuid)
+        gpu.ecc_uncorrected += uncorrected
+        gpu.ecc_corrected += corrected
+
+    def count(self, name: str) -> int:
+        """How many calls of NVML function `name` were made so far."""
+        with self._lock:
+            return self.calls.count(name)
 
     def fail(self, gpu_uuid: str, function: str, code: int) -> None:
         self.gpu(gpu_uuid).failures[function] = code
@@ -405,8 +499,14 @@ class FakeNvml:
             raise error(int(real.NVML_ERROR_NOT_SUPPORTED))
         return list(handle.gpu.mig_mode)
 
+    def _gi_api(self, handle: FakeHandle) -> None:
+        # nvml.h: NOT_SUPPORTED "if the device doesn't have MIG mode enabled" (and the mock).
+        if not handle.gpu.gi_api:
+            raise error(int(real.NVML_ERROR_NOT_SUPPORTED))
+
     def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: FakeHandle, profile: int, version: int = 2) -> Any:
         self._enter("nvmlDeviceGetGpuInstanceProfileInfo", handle)
+        self._gi_api(handle)
         if version == 2 and "nvmlDeviceGetGpuInstanceProfileInfoV" in self.missing:
             raise error(int(real.NVML_ERROR_FUNCTION_NOT_FOUND))
         for p in handle.gpu.profiles:
@@ -435,7 +535,7 @@ class FakeNvml:
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeHandle, index: int) -> FakeHandle:
         self._enter("nvmlDeviceGetMigDeviceHandleByIndex", handle)
-        if index >= len(handle.gpu.migs):
+        if index >= len(handle.gpu.migs) or not handle.gpu.mig_handles:
             raise error(int(real.NVML_ERROR_NOT_FOUND))
         mig = handle.gpu.migs[index]
         return FakeHandle(handle.gpu, mig, key=mig.uuid)
@@ -454,6 +554,7 @@ class FakeNvml:
 
     def nvmlDeviceGetGpuInstanceById(self, handle: FakeHandle, gi_id: int) -> FakeGpuInstance:
         self._enter("nvmlDeviceGetGpuInstanceById", handle)
+        self._gi_api(handle)
         for mig in handle.gpu.migs:
             if mig.gi_id == gi_id:
                 return FakeGpuInstance(handle.gpu, mig)
@@ -498,6 +599,8 @@ class FakeNvml:
 
     def nvmlDeviceGetTotalEccErrors(self, handle: FakeHandle, error_type: int, counter_type: int) -> int:
         self._enter("nvmlDeviceGetTotalEccErrors", handle)
+        if not handle.gpu.ecc or handle.mig is not None:
+            raise error(int(real.NVML_ERROR_NOT_SUPPORTED))
         corrected = int(real.NVML_MEMORY_ERROR_TYPE_CORRECTED)
         return handle.gpu.ecc_corrected if error_type == corrected else handle.gpu.ecc_uncorrected
 
@@ -514,6 +617,48 @@ class FakeNvml:
             else:
                 values[i].nvmlReturn = real.NVML_ERROR_NOT_SUPPORTED
         return values
+
+    def nvmlDeviceGetRetiredPages(self, handle: FakeHandle, sourceFilter: int) -> list[int]:
+        self._enter("nvmlDeviceGetRetiredPages", handle)
+        if handle.gpu.retired_pages is None or handle.mig is not None:
+            raise error(int(real.NVML_ERROR_NOT_SUPPORTED))
+        return list(handle.gpu.retired_pages)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        if handle.gpu.retired_pages is None or handle.mig is not None:
+            raise error(int(real.NVML_ERROR_NOT_SUPPORTED))
+        return int(real.NVML_FEATURE_ENABLED if handle.gpu.retired_pending else real.NVML_FEATURE_DISABLED)
+
+    def nvmlDeviceGetRemappedRows(self, handle: FakeHandle) -> tuple[int, int, int, int]:
+        self._enter("nvmlDeviceGetRemappedRows", handle)
+        if handle.gpu.remapped_rows is None or handle.mig is not None:
+            raise error(int(real.NVML_ERROR_NOT_SUPPORTED))
+        return handle.gpu.remapped_rows
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetPcieReplayCounter", handle)
+        if handle.gpu.pcie_replays is None or handle.mig is not None:
+            raise error(int(real.NVML_ERROR_NOT_SUPPORTED))
+        return handle.gpu.pcie_replays
+
+    def _link(self, handle: FakeHandle, link: int) -> None:
+        if not handle.gpu.nvlinks or handle.mig is not None:
+            raise error(int(real.NVML_ERROR_NOT_SUPPORTED))
+        if not 0 <= link < len(handle.gpu.nvlinks):
+            raise error(int(real.NVML_ERROR_INVALID_ARGUMENT))
+
+    def nvmlDeviceGetNvLinkState(self, device: FakeHandle, link: int) -> int:
+        self._enter("nvmlDeviceGetNvLinkState", device)
+        self._link(device, link)
+        return int(real.NVML_FEATURE_ENABLED if device.gpu.nvlinks[link] else real.NVML_FEATURE_DISABLED)
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: FakeHandle, link: int, counter: int) -> int:
+        self._enter("nvmlDeviceGetNvLinkErrorCounter", device)
+        self._link(device, link)
+        if not 0 <= counter < int(real.NVML_NVLINK_ERROR_COUNT):
+            raise error(int(real.NVML_ERROR_INVALID_ARGUMENT))
+        return device.gpu.nvlink_errors.get((link, counter), 0)
 
     # -- events -------------------------------------------------------------------------------
 
@@ -673,7 +818,7 @@ class MigNvml(FakeNvml):
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeHandle, index: int) -> FakeHandle:
         self._enter("nvmlDeviceGetMigDeviceHandleByIndex", handle)
         migs = [m for m in handle.gpu.migs if m.ci_id != NO_CI]
-        if index >= len(migs):
+        if index >= len(migs) or not handle.gpu.mig_handles:
             raise error(int(real.NVML_ERROR_NOT_FOUND))
         return FakeHandle(handle.gpu, migs[index], key=migs[index].uuid)
 
@@ -685,6 +830,7 @@ class MigNvml(FakeNvml):
         self, handle: FakeHandle, profileId: int, placementsRef: Any, countRef: Any
     ) -> int:
         self._enter("nvmlDeviceGetGpuInstancePossiblePlacements", handle)
+        self._gi_api(handle)
         try:
             placements = self._layout(handle.gpu).profile(profileId).placements
         except LookupError:
@@ -705,6 +851,7 @@ class MigNvml(FakeNvml):
 
         self._hook("before", "nvmlDeviceCreateGpuInstanceWithPlacement")
         self._enter("nvmlDeviceCreateGpuInstanceWithPlacement", handle)
+        self._gi_api(handle)
         gpu = handle.gpu
         layout = self._layout(gpu)
         try:
@@ -788,6 +935,7 @@ class MigNvml(FakeNvml):
     def nvmlComputeInstanceDestroy(self, computeInstance: FakeComputeInstance) -> None:
         self._hook("before", "nvmlComputeInstanceDestroy")
         self._enter("nvmlComputeInstanceDestroy", FakeHandle(computeInstance.gpu))
+        self._gi_api(FakeHandle(computeInstance.gpu))
         mig = self._live(computeInstance.gpu, computeInstance.mig)
         if mig.ci_id == NO_CI:
             raise error(int(real.NVML_ERROR_NOT_FOUND))
@@ -798,6 +946,7 @@ class MigNvml(FakeNvml):
     def nvmlGpuInstanceDestroy(self, gpuInstance: FakeGpuInstance) -> None:
         self._hook("before", "nvmlGpuInstanceDestroy")
         self._enter("nvmlGpuInstanceDestroy", FakeHandle(gpuInstance.gpu))
+        self._gi_api(FakeHandle(gpuInstance.gpu))
         mig = self._live(gpuInstance.gpu, gpuInstance.mig)
         if mig.ci_id != NO_CI:
             raise error(int(real.NVML_ERROR_IN_USE))

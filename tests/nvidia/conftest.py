@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +66,18 @@ def make_backend(tmp_path: Path, sysfs: Path, fake_clock: FakeClock) -> BackendF
         *,
         real_dev_dir: bool = False,
         make_node: NodeMaker = mknod,
+        health_interval: float = 5.0,
+        call_timeout: float = 30.0,
         **settings: str,
     ) -> NvidiaBackend:
         # The host is a test tree: never the machine's own /etc/cdi, /var/run/cdi or libraries.
         settings.setdefault("host_root", str(tmp_path / "host"))
-        options = BackendOptions("node-1", driver_name, {k.replace("_", "-"): v for k, v in settings.items()})
+        options = BackendOptions(
+            "node-1",
+            driver_name,
+            {k.replace("_", "-"): v for k, v in settings.items()},
+            health_interval=health_interval,
+        )
         return NvidiaBackend(
             options,
             nvml_module=nvml.module,
@@ -77,22 +86,57 @@ def make_backend(tmp_path: Path, sysfs: Path, fake_clock: FakeClock) -> BackendF
             proc_root=tmp_path / "proc",
             dev_root=None if real_dev_dir else tmp_path / "dev",
             make_node=make_node,
+            call_timeout=call_timeout,
         )
 
     return factory
 
 
+@asynccontextmanager
+async def monitoring(backend: NvidiaBackend, sink: Sink) -> AsyncIterator[anyio.abc.TaskGroup]:
+    """Start `backend` and run its health monitor for the duration of the block."""
+    await backend.start()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(backend.monitor_health, sink)
+        yield tg
+        tg.cancel_scope.cancel()
+    await backend.stop()
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One `report_pass` the sink got."""
+
+    devices: frozenset[str]
+    failed_checks: tuple[str, ...]
+
+
 class Sink:
-    """A `HealthSink` collecting events; `wait_for` waits (bounded) until a predicate holds."""
+    """A `HealthSink` collecting events and health passes; `wait_for` waits (bounded) until a
+    predicate holds."""
 
     def __init__(self) -> None:
         self.events: list[HealthEvent] = []
+        self.passes: list[Pass] = []
         self._changed = anyio.Event()
 
     async def __call__(self, event: HealthEvent) -> None:
         self.events.append(event)
+        self._signal()
+
+    def pass_completed(self, devices: Collection[str], failed_checks: Collection[str] = ()) -> None:
+        self.passes.append(Pass(frozenset(devices), tuple(failed_checks)))
+        self._signal()
+
+    def _signal(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
+
+    async def wait_passes(self, count: int) -> None:
+        """Until `count` health passes have completed."""
+        with anyio.fail_after(5):
+            while len(self.passes) < count:
+                await self._changed.wait()
 
     async def wait_for(self, predicate: Callable[[list[HealthEvent]], Any]) -> None:
         with anyio.fail_after(5):

@@ -15,7 +15,7 @@ from agent.core.errors import BackendError, ConfigError
 from backends.nvidia import NvidiaBackend, create_backend
 from backends.nvidia.nvml import Nvml, find_library_dir, load_pynvml
 from tests.fakes.fake_pynvml import MIB, FakeNvml, a100_mig, h100, install, l4
-from tests.nvidia.conftest import BackendFactory
+from tests.nvidia.conftest import BackendFactory, Sink, monitoring
 from tests.support.clock import FakeClock
 
 
@@ -154,9 +154,11 @@ async def test_telemetry_values(make_backend: BackendFactory) -> None:
     mig_gpu = a100_mig(1)
     mig_gpu.migs[0].memory_used = 2048 * MIB
     backend = make_backend(FakeNvml([gpu, mig_gpu]))
-    await backend.start()
-    readings = {t.device: t for t in await backend.telemetry()}
-    await backend.stop()
+    sink = Sink()
+    async with monitoring(backend, sink):
+        # The ECC totals are the health pass's readings (issue 23): none before the first pass.
+        await sink.wait_passes(1)
+        readings = {t.device: t for t in await backend.telemetry()}
     full = readings["gpu-0"]
     assert full.utilization_ratio == pytest.approx(0.55)
     assert (full.memory_used_bytes, full.memory_total_bytes) == (10 * 1024 * MIB, 81559 * MIB)

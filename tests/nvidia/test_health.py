@@ -316,15 +316,44 @@ async def test_recovery_action_back_to_none_clears(
     sink = Sink()
     async with monitoring(make_backend(fake, health_wait_ms="20", recovery_interval="5"), sink):
         await registered(fake)
-        fake.emit(H100, XID_CRITICAL, 79)
+        # The first health pass read the action (reset): a recovery-action state.
         await sink.wait_count(1)
-        # Polled once (action: reset); the GPU gets reset, then the next poll sees none.
-        await until(lambda: "nvmlDeviceGetFieldValues" in fake.calls)
+        fake.emit(H100, XID_CRITICAL, 79)
+        await sink.wait_count(2)
+        # The GPU gets reset; the next pass sees none: both end.
         gpu.recovery_action = int(real.NVML_GPU_RECOVERY_ACTION_NONE)
         fake_clock.advance(5)
+        await sink.wait_count(4)
+    assert [(e.device, e.condition, e.value, e.kind, e.cleared) for e in sink.events] == [
+        ("gpu-2", "recovery-action", "gpu-reset", ConditionKind.STATE, False),
+        ("gpu-2", "xid", "79", ConditionKind.EVENT, False),
+        ("gpu-2", "recovery-action", "gpu-reset", ConditionKind.STATE, True),
+        ("gpu-2", "xid", "79", ConditionKind.EVENT, True),
+    ]
+
+
+async def test_recovery_action_after_the_fault_clears_it_when_back_to_none(
+    make_backend: BackendFactory, fake_clock: FakeClock
+) -> None:
+    fake = node()
+    gpu = fake.gpu(H100)
+    sink = Sink()
+    async with monitoring(make_backend(fake, health_wait_ms="20"), sink):
+        await registered(fake)
+        fake.emit(H100, XID_CRITICAL, 79)
+        await sink.wait_count(1)
+        gpu.recovery_action = int(real.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET)
+        fake_clock.advance(5)
         await sink.wait_count(2)
-    cleared = sink.events[1]
-    assert (cleared.device, cleared.condition, cleared.value, cleared.cleared) == ("gpu-2", "xid", "79", True)
+        gpu.recovery_action = int(real.NVML_GPU_RECOVERY_ACTION_NONE)
+        fake_clock.advance(5)
+        await sink.wait_count(4)
+    assert [(e.condition, e.value, e.cleared) for e in sink.events] == [
+        ("xid", "79", False),
+        ("recovery-action", "drain-and-reset", False),
+        ("recovery-action", "drain-and-reset", True),
+        ("xid", "79", True),
+    ]
 
 
 async def test_recovery_action_none_from_the_start_leaves_the_hold_time(
@@ -336,16 +365,17 @@ async def test_recovery_action_none_from_the_start_leaves_the_hold_time(
         await registered(fake)
         fake.emit(H100, DOUBLE_BIT_ECC)
         await sink.wait_count(1)
-        await until(lambda: "nvmlDeviceGetFieldValues" in fake.calls)
         fake_clock.advance(60)
-        await anyio.sleep(0.1)
+        await until(lambda: fake.calls.count("nvmlDeviceGetFieldValues") == 6)
     assert [e.cleared for e in sink.events] == [False]
-    assert fake.calls.count("nvmlDeviceGetFieldValues") == 1
+    # Read once per health pass and GPU (3 GPUs, the first pass and one more), never more.
+    assert fake.calls.count("nvmlDeviceGetFieldValues") == 6
 
 
 async def test_recovery_field_not_supported(make_backend: BackendFactory, fake_clock: FakeClock) -> None:
     fake = node()
-    fake.gpu(H100).recovery_action = None  # an older driver
+    for gpu in fake.gpus:
+        gpu.recovery_action = None  # an older driver
     sink = Sink()
     async with monitoring(make_backend(fake, health_wait_ms="20"), sink):
         await registered(fake)
@@ -356,9 +386,9 @@ async def test_recovery_field_not_supported(make_backend: BackendFactory, fake_c
         await sink.wait_count(2)
         fake_clock.advance(60)
         await anyio.sleep(0.1)
-    # Not readable: asked once, then the hold time of the taint policy applies.
+    # Not readable: asked once per GPU, then the hold time of the taint policy applies.
     assert [e.cleared for e in sink.events] == [False, False]
-    assert fake.calls.count("nvmlDeviceGetFieldValues") == 1
+    assert fake.calls.count("nvmlDeviceGetFieldValues") == 3
 
 
 async def test_recovery_field_read_fails(make_backend: BackendFactory) -> None:

@@ -36,7 +36,7 @@ def gpu_lost_cleared(tracker: HealthTracker, device: str) -> bool:
 async def test_lost_gpu_dropped_and_back_is_healthy_after_the_hold(
     make_backend: BackendFactory, fake_clock: FakeClock
 ) -> None:
-    """The reproduction of the issue: lost, dropped by rediscovery, back: healthy an hour later."""
+    """The reproduction of the issue: lost, kept by rediscovery (issue 23), back: healthy an hour later."""
     fake = FakeNvml([h100(0), l4(3)])
     backend = make_backend(fake, health_wait_ms="20")
     await backend.start()
@@ -49,7 +49,7 @@ async def test_lost_gpu_dropped_and_back_is_healthy_after_the_hold(
         fake.lose(GPU0)
         await until(lambda: status(inventory, "gpu-0") is HealthStatus.UNHEALTHY)
         inventory.set_devices(await backend.discover())
-        assert "gpu-0" not in inventory.device_names()
+        assert "gpu-0" in inventory.device_names()  # kept while lost, never dropped without a word
         fake.gpu(GPU0).lost = False
         inventory.set_devices(await backend.discover())
         tracker.expire()

@@ -137,10 +137,19 @@ def test_vendor_backends_declare_what_their_monitors_report() -> None:
         "unmonitored",
         "ecc-uncorrectable",
         "ecc-correctable",
+        "retired-pages-pending",
+        "row-remap-failure",
+        "row-remap-pending",
+        "recovery-action",
+        "ecc-correctable-rate",
+        "pcie-replay-rate",
+        "nvlink-errors",
     }
+    assert set(NvidiaBackend.trend_conditions) <= set(nvidia_health.CONDITIONS)
     assert AmdBackend.health_conditions == amd_health.CONDITIONS
     event_conditions = {condition for condition, _, _ in amd_health.EVENT_CONDITIONS.values()}
-    polled = {"ecc-uncorrectable", "cper-fatal", "gpu-lost", "unmonitored"}
+    polled = {"ecc-uncorrectable", "cper-fatal", "gpu-lost", "unmonitored", "bad-pages"}
+    polled |= set(AmdBackend.trend_conditions)
     assert set(amd_health.CONDITIONS) == event_conditions | polled
 
 
