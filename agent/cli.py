@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -26,7 +27,7 @@ from agent.explain import command as explain_command
 COMMAND_GROUP = "dra_agent.commands"
 # Our own commands: with one of them first, the parser skips the entry-point scan of every
 # installed distribution (3-6 ms here, more with more packages installed).
-BUILTIN_COMMANDS = frozenset({"run", "devices", "demo", "explain", "version"})
+BUILTIN_COMMANDS = frozenset({"run", "devices", "slices", "demo", "explain", "version"})
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
@@ -64,6 +65,10 @@ def build_parser(contributed: bool = True) -> argparse.ArgumentParser:
     devices = sub.add_parser("devices", help="list the devices the backends discover")
     _add_config_flags(devices, only=("backends", "node_name", "log_level", "log_format"))
     devices.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
+    slices = sub.add_parser("slices", help="print the ResourceSlices the agent would publish, then exit")
+    _add_config_flags(
+        slices, only=("backends", "node_name", "log_level", "log_format", "print_for", "taint_policy")
+    )
     demo = sub.add_parser("demo", help="run the agent on the fake backend against an in-process API emulator")
     demo.add_argument("--profile", default="mixed", help="fake backend profile (default mixed)")
     demo.add_argument(
@@ -174,6 +179,14 @@ def _main(argv: Sequence[str] | None) -> int:
             setup_logging(config.log_format, config.log_level)
             print_devices(anyio.run(_list_devices, config), args.output, sys.stdout)
             return 0
+        if args.command == "slices":
+            config = config_from_args(args)
+            setup_logging(config.log_format, config.log_level)
+            from agent.printer import print_slices_once
+            from agent.runner import load_policy
+
+            anyio.run(print_slices_once, config, load_policy(config.taint_policy), sys.stdout)
+            return 0
         if args.command == "demo":
             setup_logging("keyvalue", args.log_level)
             from agent.demo import DemoOptions, run_demo
@@ -208,6 +221,12 @@ def _main(argv: Sequence[str] | None) -> int:
         return _report(first)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`dra-agent explain ... | head`): not an error of ours. Point
+        # stdout at /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 def _report(error: AgentError) -> int:

@@ -59,7 +59,7 @@ API_MODULES = ("agent.kube.client", "agent.kube.events")
 (~0.11 s while the client used aiohttp; its own transport is `agent.kube.transport`); the
 credential loaders (~40 ms) are imported by `KubeClient.connect`, in a worker thread too."""
 PUBLISHER_MODULES = ("agent.kube.publisher", "agent.kube.published")
-PRINTER_MODULES = ("yaml", "agent.kube.capabilities", "agent.kube.client", "agent.kube.pool")
+PRINTER_MODULES = ("yaml", "agent.kube.capabilities", "agent.kube.client", "agent.kube.pool", "agent.printer")
 """What the ``--kube none`` slice printer needs: imported once the kubelet sockets serve."""
 METRICS_MODULE = "agent.observe.httpserver"
 METRICS_WAIT_SECONDS = 2.0
@@ -443,33 +443,14 @@ class AgentParts:
                 tg.start_soon(self._print_pool, runtime)
 
     async def _print_pool(self, runtime: DriverRuntime) -> None:
-        import yaml
+        from agent.printer import pool_document
 
-        from agent.kube.capabilities import guess
-        from agent.kube.client import ServerInfo
-        from agent.kube.pool import build_pool
-
-        minor = int(self.config.print_for.split(".")[1])
-        # What the publisher assumes of that release until its probe has run.
-        capabilities = guess(ServerInfo(1, minor, f"v{self.config.print_for}.0", "v1"))
-        support = capabilities.taint_support
         version = -1
         while True:
             version = await runtime.inventory.wait_changed(version)
-            devices = runtime.inventory.devices()
-            # Exactly what the publisher would create on an up-to-date cluster; the Node's uid is unknown.
-            slices = build_pool(
-                driver=runtime.driver,
-                node_name=self.config.node_name,
-                node_uid=f"<uid of Node {self.config.node_name}>",
-                devices=devices,
-                taints=self.policy.taint_map(devices, support),
-                support=support,
-                max_devices=capabilities.max_devices_per_slice,
-                minor=minor,
+            self.out.write(
+                pool_document(self.config, runtime.driver, runtime.inventory.devices(), self.policy)
             )
-            document = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": slices}, sort_keys=False)
-            self.out.write("---\n" + document)
             self.out.flush()
             await self.clock.sleep(0.1)  # coalesce a burst of changes into one print
 
