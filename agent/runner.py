@@ -34,7 +34,7 @@ from agent.core.exclusion import ExcludingBackend
 from agent.core.logs import log_fields
 from agent.core.model import HealthCondition, Severity
 from agent.health.taints import EFFECT_NONE, TaintPolicy
-from agent.kube.credentials import check_kubeconfig, in_cluster
+from agent.kube.credentials import check_in_cluster, check_kubeconfig, in_cluster
 from agent.kubelet.deviceplugins import device_plugins_dir, report_device_plugins
 from agent.kubelet.plugin import KubeletPlugin, another_pod_serving, socket_paths
 from agent.kubelet.podresources import PodResourcesClient, default_socket
@@ -478,10 +478,13 @@ async def run_agent(config: AgentConfig) -> None:
     clock = SystemClock()
     metrics = Metrics()
     policy = load_policy(config.taint_policy)
+    if config.kube_mode != "none":
+        # Bad credentials end the agent before anything starts (the client connects later).
+        if in_cluster(config.kube_mode, config.kubeconfig):
+            await anyio.to_thread.run_sync(check_in_cluster)
+        else:
+            await anyio.to_thread.run_sync(check_kubeconfig, config.kubeconfig)
     await anyio.to_thread.run_sync(preflight, config)
-    if config.kube_mode != "none" and not in_cluster(config.kube_mode, config.kubeconfig):
-        # A bad kubeconfig file still ends the agent before anything starts (the client connects later).
-        await anyio.to_thread.run_sync(check_kubeconfig, config.kubeconfig)
     backends, optional = create_backend_set(config)
     check_policy(policy, backends)
     readiness = Readiness()

@@ -126,7 +126,7 @@ def test_kubeconfig_lists_are_checked_file_by_file(tmp_path: Path, monkeypatch: 
     good.write_bytes(KUBECONFIG)
     bad.write_bytes(GARBAGE)
     empty.write_bytes(b"")
-    missing = tmp_path / "missing"  # left to the library, which names it
+    missing = tmp_path / "missing"  # one missing file of a list is skipped, as the library does
     check_kubeconfig(os.pathsep.join([str(good), str(missing), str(empty)]))
     with pytest.raises(ConfigError) as caught:
         check_kubeconfig(os.pathsep.join([str(good), str(bad)]))
@@ -136,7 +136,8 @@ def test_kubeconfig_lists_are_checked_file_by_file(tmp_path: Path, monkeypatch: 
         check_kubeconfig(None)
     monkeypatch.delenv("KUBECONFIG")
     monkeypatch.setenv("HOME", str(tmp_path))
-    check_kubeconfig(None)  # no ~/.kube/config: the library's own error
+    with pytest.raises(ConfigError, match="expected an existing kubeconfig file"):
+        check_kubeconfig(None)  # no ~/.kube/config at all
     (tmp_path / ".kube").mkdir()
     (tmp_path / ".kube" / "config").write_bytes(DEEP_BLOCK)
     with pytest.raises(ConfigError, match=r"~/\.kube/config.*nested more than 64 levels"):

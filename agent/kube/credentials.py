@@ -130,25 +130,86 @@ def lazy_kubernetes_asyncio() -> None:
 
 
 def check_kubeconfig(kubeconfig: Path | str | None) -> None:
-    """Refuse a kubeconfig file the library would fail on with a traceback (blocking).
+    """Refuse, before anything starts, a kubeconfig the client could not load (blocking).
 
     Each file the library would read (``KUBECONFIG`` may join several with ``:``, default
-    ``~/.kube/config``) must be bounded UTF-8 YAML holding a mapping; a missing file is left to the
-    library's error.
+    ``~/.kube/config``) must be bounded UTF-8 YAML holding a mapping, at least one must exist, and
+    merged as the library merges them (the first file that sets a name wins) they must name a
+    current context whose cluster has a server and whose user is defined. Raises `ConfigError`
+    (one line, exit 2) naming the file and what is missing.
     """
-    names = str(kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep)
-    for name in filter(None, names):
+    names = [
+        n for n in str(kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep) if n
+    ]
+    shown = os.pathsep.join(names)
+    merged: dict[str, Any] = {"current-context": None, "contexts": {}, "clusters": {}, "users": {}}
+    found = False
+    for name in names:
         path = Path(name).expanduser()
         if not path.exists():
             continue
+        found = True
         try:
             data = load_yaml(path, max_bytes=MAX_KUBECONFIG_BYTES, what="kubeconfig YAML file")
         except BoundedFileError as error:
             raise ConfigError("--kubeconfig", name, error.detail) from None
-        if data is not None and not isinstance(data, dict):
+        if data is None:
+            continue
+        if not isinstance(data, dict):
             raise ConfigError(
                 "--kubeconfig", name, "a kubeconfig YAML file: a mapping of clusters, users, contexts"
             )
+        if merged["current-context"] is None and data.get("current-context"):
+            merged["current-context"] = str(data["current-context"])
+        for section in ("contexts", "clusters", "users"):
+            entries = data.get(section) or []
+            if not isinstance(entries, list):
+                raise ConfigError("--kubeconfig", name, f"a kubeconfig whose {section} is a list")
+            for entry in entries:
+                if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                    merged[section].setdefault(entry["name"], entry.get(section[:-1]) or {})
+    if not found:
+        raise ConfigError(
+            "--kubeconfig", shown, "an existing kubeconfig file (or --kube in-cluster in a Pod)"
+        )
+    context_name = merged["current-context"]
+    if not context_name:
+        raise ConfigError("--kubeconfig", shown, "a kubeconfig with a current-context")
+    context = merged["contexts"].get(context_name)
+    if not isinstance(context, dict):
+        raise ConfigError(
+            "--kubeconfig", shown, f"a kubeconfig defining its current context {context_name!r}"
+        )
+    cluster = merged["clusters"].get(context.get("cluster"))
+    if not isinstance(cluster, dict) or not cluster.get("server"):
+        raise ConfigError(
+            "--kubeconfig",
+            shown,
+            f"a kubeconfig whose context {context_name!r} names a cluster with a server "
+            f"(cluster {context.get('cluster')!r} is missing or has no server)",
+        )
+    if context.get("user") is not None and context.get("user") not in merged["users"]:
+        raise ConfigError(
+            "--kubeconfig", shown, f"a kubeconfig defining the user {context.get('user')!r} of its context"
+        )
+
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+"""Where the kubelet mounts a Pod's service-account token and CA (client-go's in-cluster config)."""
+
+
+def check_in_cluster(account_dir: Path = SERVICE_ACCOUNT_DIR) -> None:
+    """Refuse ``--kube in-cluster`` outside a Pod, before anything starts (blocking): the service
+    host and port variables and the token and CA files must be there (`ConfigError`, exit 2)."""
+    missing = [v for v in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT") if not os.environ.get(v)]
+    missing += [str(account_dir / f) for f in ("token", "ca.crt") if not (account_dir / f).is_file()]
+    if missing:
+        raise ConfigError(
+            "--kube",
+            "in-cluster",
+            f"a Pod with a service account ({', '.join(missing)} missing); outside a cluster use "
+            "--kube kubeconfig --kubeconfig FILE",
+        )
 
 
 def in_cluster(mode: str, kubeconfig: Path | str | None) -> bool:

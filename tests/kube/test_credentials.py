@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.core.errors import KubeApiError
+from agent.core.errors import ConfigError, KubeApiError
 from agent.kube.credentials import load_credentials
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,5 +101,5 @@ async def test_loads_in_this_process_too(tmp_path: Path) -> None:
 
 
 async def test_missing_kubeconfig_names_the_file(tmp_path: Path) -> None:
-    with pytest.raises(KubeApiError, match=f"kubeconfig {tmp_path / 'nope'}"):
+    with pytest.raises(ConfigError, match=f"'{tmp_path / 'nope'}' for --kubeconfig: expected an existing"):
         await load_credentials("kubeconfig", tmp_path / "nope")

@@ -7,7 +7,10 @@ file) failed every prepare. The bounded reading of policy and kubeconfig files i
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import anyio
 import pytest
 
 from agent.emulator import KubeApiEmulator
-from tests.lifecycle.harness import AgentPod, chart_pod, fake_values
+from tests.lifecycle.harness import REPO, AgentPod, chart_pod, fake_values
 
 Breakage = Callable[[Path, dict[str, str]], str]
 """Breaks the node under the given root (or the env) and returns the text the error line must name."""
@@ -122,3 +125,71 @@ async def test_each_bad_environment_is_one_line_and_exit_2(
         )
         assert before == after, (case, "the agent wrote to the node")
     assert not emu.writes, emu.writes
+
+
+KUBECONFIG_NO_CLUSTERS = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"
+KUBECONFIG_NO_SERVER = (
+    "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+    "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    "clusters: [{name: k, cluster: {}}]\nusers: [{name: u, user: {token: t}}]\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("missing", "expected an existing kubeconfig file"),
+        ("no-clusters", "expected a kubeconfig with a current-context"),
+        ("no-server", "names a cluster with a server"),
+        ("in-cluster", "expected a Pod with a service account"),
+    ],
+)
+def test_bad_credentials_are_one_line_and_exit_2_before_any_socket(
+    tmp_path: Path, case: str, expected: str
+) -> None:
+    """Issue 25 point 3: a kubeconfig or in-cluster credential error is a configuration error,
+    said in one line before the kubelet sockets open (client-go's loaders refuse the same files:
+    staging/src/k8s.io/client-go/tools/clientcmd/client_config.go, rest/config.go InClusterConfig)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    if case == "no-clusters":
+        kubeconfig.write_text(KUBECONFIG_NO_CLUSTERS)
+    elif case == "no-server":
+        kubeconfig.write_text(KUBECONFIG_NO_SERVER)
+    kube = (
+        ["--kube", "in-cluster"]
+        if case == "in-cluster"
+        else ["--kube", "kubeconfig", "--kubeconfig", str(kubeconfig)]
+    )
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "DRA_AGENT_", "KUBECONFIG"))
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "run",
+            *kube,
+            "--backend",
+            "fake:control=off",
+            "--registry-dir",
+            str(tmp_path / "registry"),
+            "--plugins-dir",
+            str(tmp_path / "plugins"),
+            "--cdi-root",
+            str(tmp_path / "cdi"),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--metrics-address",
+            "127.0.0.1:0",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and expected in done.stderr, done.stderr
+    assert not list(tmp_path.rglob("*.sock"))
