@@ -1,66 +1,73 @@
-"""AMD's opaque claim configuration: the smallest one that means something, sharing on or off.
+"""AMD's opaque claim configuration, as AMD's DRA driver defines it: ``gpu.resource.amd.com/v1alpha1``.
 
-AMD GPUs have no MPS and no time-slice setting a driver could apply per claim; the only choice
-left to a claim is whether it accepts other claims on its device. With
-``consumable-shares`` on, the scheduler hands a device to several claims (it does the
-bookkeeping of the ``memory`` or ``shares`` capacity; the hardware does not enforce it). A claim
-that must run alone says so:
+The API of AMD's driver (``ROCm/k8s-gpu-dra-driver``, ``api/amd.com/resource/gpu/v1alpha1/api.go``)
+has two kinds, decoded strictly (unknown fields refused):
+
+- ``GpuConfig``: no field besides ``apiVersion`` and ``kind`` ("No configs are supported yet").
+  Accepted; it changes nothing (a GPU or partition is prepared as without a config).
+- ``VfioDeviceConfig`` (``iommu: {backendPolicy: LegacyOnly | PreferIommuFD}``): binds the GPU to
+  ``vfio-pci`` for passthrough to a virtual machine. Not supported by this driver: refused by name.
 
 .. code-block:: yaml
 
-    apiVersion: gpu.amd.com/v1alpha1
+    apiVersion: gpu.resource.amd.com/v1alpha1
     kind: GpuConfig
-    sharing:
-      enabled: false      # default true
 
-It then fails to prepare while another claim holds a share of the device (and a later share
-fails while it is there), naming the other claim. Decoding is strict: unknown fields, another
-apiVersion or kind, or a non-boolean are refused with the claim, the field and what is accepted.
+AMD GPUs have no MPS and no per-claim time-slice setting, and AMD's API has no sharing field:
+with ``consumable-shares`` the scheduler hands a device to several claims (the hardware does not
+enforce their ``memory`` or ``shares``); a claim that must have a device alone requests its whole
+capacity. Another apiVersion or kind, or any other field, fails the claim with the field, the
+value and what is accepted. (``gpu.amd.com/v1alpha1`` with a ``sharing`` field was never released
+and is not accepted.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.core.sharing import DeviceConfigError, DeviceShare, share_conflict
+from agent.core.sharing import DeviceConfigError, DeviceShare, OpaqueConfig
 
-API_VERSION = "gpu.amd.com/v1alpha1"
-KIND = "GpuConfig"
-_TOP = frozenset({"apiVersion", "kind", "sharing"})
+API_VERSION = "gpu.resource.amd.com/v1alpha1"
+GPU_CONFIG = "GpuConfig"
+VFIO_DEVICE_CONFIG = "VfioDeviceConfig"
+_FIELDS = ("apiVersion", "kind")
 
 
-def shares_allowed(share: DeviceShare) -> bool:
-    """The share's ``sharing.enabled`` (True without a config); raises `DeviceConfigError`."""
-    if share.config is None:
-        return True
-    params, where, claim = share.config.parameters, share.config.where, share.claim_key
+def parse_amd_config(config: OpaqueConfig, claim: str) -> str:
+    """The config's kind (always ``GpuConfig``) after a strict check; raises `DeviceConfigError`."""
+    params, where = config.parameters, config.where
+    api_version = params.get("apiVersion")
+    if api_version != API_VERSION:
+        raise DeviceConfigError(claim, where, "apiVersion", api_version, API_VERSION)
+    kind = params.get("kind")
+    if kind == VFIO_DEVICE_CONFIG:
+        raise DeviceConfigError(
+            claim,
+            where,
+            "kind",
+            kind,
+            f"{GPU_CONFIG}: {VFIO_DEVICE_CONFIG} (VFIO passthrough to virtual machines) is not "
+            "supported by this driver",
+        )
+    if kind != GPU_CONFIG:
+        raise DeviceConfigError(claim, where, "kind", kind, GPU_CONFIG)
     for key in params:
-        if key not in _TOP:
+        if key not in _FIELDS:
             raise DeviceConfigError(
-                claim, where, f"field {key}", params[key], "only apiVersion, kind and sharing"
+                claim,
+                where,
+                f"field {key}",
+                params[key],
+                f"only the fields {', '.join(_FIELDS)} ({API_VERSION} {GPU_CONFIG} has no other fields)",
             )
-    if params.get("apiVersion") != API_VERSION:
-        raise DeviceConfigError(claim, where, "apiVersion", params.get("apiVersion"), API_VERSION)
-    if params.get("kind") != KIND:
-        raise DeviceConfigError(claim, where, "kind", params.get("kind"), KIND)
-    sharing = params.get("sharing", {})
-    if not isinstance(sharing, dict) or set(sharing) - {"enabled"}:
-        raise DeviceConfigError(claim, where, "sharing", sharing, "an object with the one field enabled")
-    enabled = sharing.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise DeviceConfigError(claim, where, "sharing.enabled", enabled, "true or false")
-    return enabled
+    return GPU_CONFIG
 
 
 def check_shares(share: DeviceShare, peers: Sequence[DeviceShare]) -> None:
-    """Raise for a bad config, or `ShareConflictError` when this share or a peer must run alone."""
-    mine = shares_allowed(share)
-    for peer in peers:
-        theirs = shares_allowed(peer)
-        if not (mine and theirs):
-            raise share_conflict(
-                share,
-                peer,
-                "the device to itself" if not mine else "a shared device",
-                "the device to itself" if not theirs else "a shared device",
-            )
+    """Raise `DeviceConfigError` for a bad config of `share`; shares of a device never conflict.
+
+    The peers' configs were checked when they were prepared; AMD's GpuConfig sets nothing up, so
+    any number of claims with or without it can share a device.
+    """
+    if share.config is not None:
+        parse_amd_config(share.config, share.claim_key)

@@ -1,7 +1,8 @@
 """NVIDIA's opaque claim configuration, accepted unchanged: ``resource.nvidia.com/v1beta1``.
 
 The format of NVIDIA's DRA driver (``kubernetes-sigs/dra-driver-nvidia-gpu``,
-``api/nvidia.com/resource/v1beta1``), so users' existing claims work:
+``api/nvidia.com/resource/v1beta1``: ``gpuconfig.go``, ``migconfig.go``, ``sharing.go``,
+``validate.go``), so users' existing claims work:
 
 .. code-block:: yaml
 
@@ -15,10 +16,16 @@ The format of NVIDIA's DRA driver (``kubernetes-sigs/dra-driver-nvidia-gpu``,
         defaultActiveThreadPercentage: 50
         defaultPinnedDeviceMemoryLimit: 10Gi
         defaultPerDevicePinnedMemoryLimit: {"0": 5Gi}   # by index in the claim or by UUID
+        multiUser: false             # true (a multi-user daemon) is not supported here
 
-Decoding is strict, as NVIDIA's: unknown fields, another apiVersion or kind, a strategy with the
-other strategy's settings, a percentage outside 1-100 or a limit under 1Mi are refused with the
-claim, the field and what is accepted. No ``sharing`` means the device is used exclusively.
+NVIDIA's other kinds of this group are refused by name, as not supported by this driver:
+``VfioDeviceConfig`` (VFIO passthrough to virtual machines), ``ComputeDomainChannelConfig`` and
+``ComputeDomainDaemonConfig`` (IMEX channels and daemons of NVIDIA's ``compute-domain.nvidia.com``
+driver), and the custom resources ``ComputeDomain`` and ``ComputeDomainClique`` (not device
+configs at all). Decoding is strict, as NVIDIA's: unknown fields, another apiVersion or kind, a
+strategy with the other strategy's settings, a percentage outside 1-100 (NVIDIA also takes 0) or
+a limit under 1Mi are refused with the claim, the field and what is accepted. No ``sharing``
+means the device is used exclusively.
 """
 
 from __future__ import annotations
@@ -35,6 +42,17 @@ from agent.core.sharing import DeviceConfigError, OpaqueConfig
 API_VERSION = "resource.nvidia.com/v1beta1"
 GPU_CONFIG = "GpuConfig"
 MIG_CONFIG = "MigDeviceConfig"
+_CUSTOM_RESOURCE = "a custom resource of NVIDIA's compute-domain.nvidia.com driver, not a device config"
+UNSUPPORTED_KINDS = {
+    "VfioDeviceConfig": "VFIO passthrough to virtual machines",
+    "ComputeDomainChannelConfig": "an IMEX channel of NVIDIA's compute-domain.nvidia.com driver",
+    "ComputeDomainDaemonConfig": "an IMEX daemon of NVIDIA's compute-domain.nvidia.com driver",
+    "ComputeDomain": _CUSTOM_RESOURCE,
+    "ComputeDomainClique": _CUSTOM_RESOURCE,
+}
+"""NVIDIA's kinds of ``resource.nvidia.com/v1beta1`` that this driver refuses by name, with what they are."""
+LEGACY_API_VERSION = "gpu.resource.nvidia.com/v1alpha1"
+"""Classic DRA's claim parameters (``GpuClaimParameters``), replaced by the opaque configs above."""
 TIME_SLICING = "TimeSlicing"
 MPS = "MPS"
 EXCLUSIVE = "Exclusive"
@@ -47,7 +65,12 @@ _TOP = frozenset({"apiVersion", "kind", "sharing"})
 _SHARING = frozenset({"strategy", "timeSlicingConfig", "mpsConfig"})
 _TIME_SLICING = frozenset({"interval"})
 _MPS = frozenset(
-    {"defaultActiveThreadPercentage", "defaultPinnedDeviceMemoryLimit", "defaultPerDevicePinnedMemoryLimit"}
+    {
+        "defaultActiveThreadPercentage",
+        "defaultPinnedDeviceMemoryLimit",
+        "defaultPerDevicePinnedMemoryLimit",
+        "multiUser",
+    }
 )
 
 
@@ -115,10 +138,9 @@ def _object(claim: str, config: OpaqueConfig, value: object, path: str) -> Mappi
 
 
 def _limit(claim: str, config: OpaqueConfig, value: object, path: str) -> Quantity:
+    text = repr(value) if isinstance(value, float) else value  # a JSON number such as 1e9
     try:
-        quantity = Quantity.parse(
-            value if isinstance(value, str | int) and not isinstance(value, bool) else "?"
-        )
+        quantity = Quantity.parse(text if isinstance(text, str | int) and not isinstance(text, bool) else "?")
     except QuantityError:
         raise DeviceConfigError(claim, config.where, path, value, "a quantity such as 4Gi") from None
     if quantity.value < MIN_PINNED:
@@ -129,12 +151,28 @@ def _limit(claim: str, config: OpaqueConfig, value: object, path: str) -> Quanti
 def parse_nvidia_config(config: OpaqueConfig, claim: str) -> NvSharing:
     """Decode one config strictly; raises `DeviceConfigError` naming `claim` and the field."""
     params = config.parameters
-    _unknown(claim, config, params, _TOP, "")
-    if params.get("apiVersion") != API_VERSION:
-        raise DeviceConfigError(claim, config.where, "apiVersion", params.get("apiVersion"), API_VERSION)
+    api_version = params.get("apiVersion")
+    if api_version != API_VERSION:
+        legacy = (
+            f" ({LEGACY_API_VERSION} is classic DRA's claim parameters: put its sharing in a "
+            f"{API_VERSION} {GPU_CONFIG} or {MIG_CONFIG})"
+            if api_version == LEGACY_API_VERSION
+            else ""
+        )
+        raise DeviceConfigError(claim, config.where, "apiVersion", api_version, API_VERSION + legacy)
     kind = params.get("kind")
+    if isinstance(kind, str) and kind in UNSUPPORTED_KINDS:
+        raise DeviceConfigError(
+            claim,
+            config.where,
+            "kind",
+            kind,
+            f"{GPU_CONFIG} or {MIG_CONFIG}: {kind} ({UNSUPPORTED_KINDS[kind]}) "
+            "is not supported by this driver",
+        )
     if kind not in (GPU_CONFIG, MIG_CONFIG):
         raise DeviceConfigError(claim, config.where, "kind", kind, f"{GPU_CONFIG} or {MIG_CONFIG}")
+    _unknown(claim, config, params, _TOP, "")
     if params.get("sharing") is None:
         return NvSharing(kind=str(kind))
     sharing = _object(claim, config, params["sharing"], "sharing")
@@ -189,6 +227,16 @@ def parse_nvidia_config(config: OpaqueConfig, claim: str) -> NvSharing:
             "sharing.mpsConfig.defaultActiveThreadPercentage",
             percentage,
             "an integer from 1 to 100",
+        )
+    multi_user = raw.get("multiUser")
+    if multi_user is not None and multi_user is not False:
+        raise DeviceConfigError(
+            claim,
+            config.where,
+            "sharing.mpsConfig.multiUser",
+            multi_user,
+            "false or no multiUser: a multi-user MPS control daemon (nvidia-cuda-mps-control -M) "
+            "is not supported by this driver",
         )
     pinned = raw.get("defaultPinnedDeviceMemoryLimit")
     per_device = _object(

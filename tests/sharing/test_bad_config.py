@@ -140,23 +140,23 @@ async def test_mps_on_a_gpu_that_cannot(tmp_path: Path) -> None:
     assert not (tmp_path / "mps").exists()
 
 
+AMD_GPU_CONFIG = {"apiVersion": "gpu.resource.amd.com/v1alpha1", "kind": "GpuConfig"}
+
+
 @pytest.mark.parametrize(
     ("params", "expected"),
     [
-        ({"apiVersion": "gpu.amd.com/v1", "kind": "GpuConfig"}, "gpu.amd.com/v1alpha1"),
-        (
-            {"apiVersion": "gpu.amd.com/v1alpha1", "kind": "GpuConfig", "sharing": {"enabled": "no"}},
-            "true or false",
-        ),
-        (
-            {"apiVersion": "gpu.amd.com/v1alpha1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}},
-            "the one field enabled",
-        ),
+        ({**AMD_GPU_CONFIG, "apiVersion": "gpu.resource.amd.com/v1"}, "gpu.resource.amd.com/v1alpha1"),
+        ({**AMD_GPU_CONFIG, "apiVersion": "gpu.amd.com/v1alpha1"}, "gpu.resource.amd.com/v1alpha1"),
+        ({**AMD_GPU_CONFIG, "sharing": {"enabled": False}}, "field sharing"),
+        ({**AMD_GPU_CONFIG, "kind": "VfioDeviceConfig"}, "VfioDeviceConfig"),
     ],
 )
 async def test_bad_amd_config(tmp_path: Path, params: dict[str, Any], expected: str) -> None:
+    """AMD's group and kinds: ``api/amd.com/resource/gpu/v1alpha1/api.go`` of ROCm/k8s-gpu-dra-driver."""
     bad = claim(1, driver="gpu.amd.com", device="gpu-1-128", config=params)
     state = device_state(tmp_path, FakeClaimSource([bad]), fake_backend(tmp_path, profile="amd-mi300x-8x"))
     await state.start()
     error = (await state.prepare([ref(bad)]))[uid(1)].error
     assert "claim default/claim-1" in error and expected in error
+    assert state.store.entries() == {}
