@@ -71,6 +71,19 @@ PUBLISH_ERROR_REASONS = (
 )
 """``reason`` values of `Metrics.publish_errors` known in advance (agent/kube/publisher.py); refusals
 add ``http_<status>``."""
+API_RETRY_REASONS = ("unreachable", "throttled", "conflict", "server_error", "node_missing", "internal")
+"""``reason`` values of `Metrics.api_retries` known in advance (refusals add ``http_<status>``)."""
+WATCH_RESTART_REASONS = ("closed", "expired", "error", "internal")
+"""``reason`` values of `Metrics.watch_restarts` (agent/kube/publisher.py, the slice watch)."""
+REJECTED_DEVICE_REASONS = ("name", "attributes", "capacity", "taints", "duplicate", "conversion")
+"""``reason`` values of `Metrics.rejected_devices`: the device rules of agent/kube/validation.py."""
+GRPC_METHODS = tuple(
+    f"{version}.{method}"
+    for version in ("v1", "v1beta1")
+    for method in ("NodePrepareResources", "NodeUnprepareResources")
+)
+"""``method`` values of `Metrics.grpc_in_flight` (agent/kubelet/draservice.py)."""
+WATCHED_RESOURCE = "resourceslices"
 CHECKPOINT_RECOVERY_REASONS = (
     "unreadable",
     "invalid_json",
@@ -377,8 +390,17 @@ class Metrics:
             self.publish_errors.labels(driver, reason)
         for result in REGISTRATION_RESULTS:
             self.registration_notifications.labels(driver, result)
-        for reason in CHECKPOINT_RECOVERY_REASONS:  # no driver label: the same series for every driver
+        for reason in REJECTED_DEVICE_REASONS:
+            self.rejected_devices.labels(driver, reason)
+        for method in GRPC_METHODS:
+            self.grpc_in_flight.labels(driver, method)
+        # No driver label: the same series for every driver.
+        for reason in CHECKPOINT_RECOVERY_REASONS:
             self.checkpoint_recoveries.labels(reason)
+        for reason in API_RETRY_REASONS:
+            self.api_retries.labels(reason)
+        for reason in WATCH_RESTART_REASONS:
+            self.watch_restarts.labels(WATCHED_RESOURCE, reason)
 
 
 class Children:

@@ -10,13 +10,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.core.backend import declared_conditions
 from agent.core.inventory import Inventory
 from agent.observe.metrics import (
+    API_RETRY_REASONS,
     CHECKPOINT_RECOVERY_REASONS,
     CLAIM_ERROR_REASONS,
     CLAIM_OPERATIONS,
     CLAIM_RESULTS,
+    GRPC_METHODS,
     HEALTH_LABELS,
     PUBLISH_ERROR_REASONS,
     REGISTRATION_RESULTS,
+    REJECTED_DEVICE_REASONS,
+    WATCH_RESTART_REASONS,
     Children,
     Metrics,
 )
@@ -107,7 +111,28 @@ def test_fresh_metrics_expose_every_known_event_series_at_zero() -> None:
         assert at_zero("dra_agent_checkpoint_recoveries_total", reason=reason), reason
     for result in REGISTRATION_RESULTS:
         assert at_zero("dra_agent_kubelet_registration_notifications_total", driver=DRIVER, result=result)
+    # Issue 25 point 4: these had no series until their first event.
+    for reason in REJECTED_DEVICE_REASONS:
+        assert at_zero("dra_agent_rejected_devices_total", driver=DRIVER, reason=reason), reason
+    for reason in API_RETRY_REASONS:
+        assert at_zero("dra_agent_api_retries_total", reason=reason), reason
+    for reason in WATCH_RESTART_REASONS:
+        assert at_zero("dra_agent_watch_restarts_total", resource="resourceslices", reason=reason), reason
+    for method in GRPC_METHODS:
+        assert at_zero("dra_agent_grpc_in_flight_requests", driver=DRIVER, method=method), method
     assert set(CLAIM_ERROR_REASONS) == set(CLAIM_OPERATIONS)
+
+
+def test_the_device_rules_and_the_watch_use_only_reasons_created_at_start() -> None:
+    from agent.kube import publisher, validation
+
+    device_rules = _reasons(Path(validation.__file__), "Problem", 3)
+    rules = device_rules["check_device_entry"] | device_rules["partition_entries"]
+    rules |= _reasons(ROOT / "agent" / "kube" / "pool.py", "Problem", 3)["desired_pool"]
+    assert rules and rules <= set(REJECTED_DEVICE_REASONS), rules - set(REJECTED_DEVICE_REASONS)
+    source = Path(publisher.__file__).read_text()
+    watch_reasons = set(re.findall(r'reason(?:, \w+)? = "(\w+)"', source)) - {"node_missing"}
+    assert watch_reasons <= set(WATCH_RESTART_REASONS) | set(API_RETRY_REASONS), watch_reasons
 
 
 def test_telemetry_poller_creates_the_backends_declared_conditions() -> None:
