@@ -22,7 +22,7 @@ def devices(profile: str) -> list[Device]:
         ("device.attributes['gpu.nvidia.com'].type == 'mig'", 6),
         ("device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0", 6),
         ("device.attributes['gpu.nvidia.com'].architecture in ['Ampere', 'Hopper', 'Blackwell']", 12),
-        ("device.attributes['gpu.nvidia.com'].cudaComputeCapability.isGreaterThan(version('7.5.0'))", 12),
+        ("device.attributes['gpu.nvidia.com'].cudaComputeCapability.isGreaterThan(semver('7.5.0'))", 12),
         ("device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-SXM4-80GB'", 12),
         # An unknown attribute aborts evaluation, as in Kubernetes: select MIG devices first.
         (MIG + " && device.attributes['gpu.nvidia.com'].profile == '3g.40gb'", 3),

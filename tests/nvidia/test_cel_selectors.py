@@ -54,7 +54,7 @@ async def test_architecture_selector(devices: dict[str, Device]) -> None:
 
 
 async def test_compute_capability_selector(devices: dict[str, Device]) -> None:
-    expression = "device.attributes['gpu.nvidia.com'].cudaComputeCapability.isGreaterThan(version('8.0.0'))"
+    expression = "device.attributes['gpu.nvidia.com'].cudaComputeCapability.isGreaterThan(semver('8.0.0'))"
     assert selected(expression, devices) == {"gpu-2", "gpu-3"}
 
 
@@ -129,12 +129,12 @@ def test_cel_helper_semantics() -> None:
         "quantity('2k').asInteger() == 2000 && quantity('1.5').asApproximateFloat() == 1.5", device
     )
     assert matches("!quantity('1.5').isInteger() && isQuantity('1Gi') && !isQuantity('x')", device)
-    assert matches("isSemver('1.0.0') && !isSemver('1.0') && version('1.0.0') == semver('1.0.0')", device)
-    assert matches("version('1.0.0-alpha.1').isLessThan(version('1.0.0-alpha.beta'))", device)
-    assert matches("version('1.0.0-2').isLessThan(version('1.0.0-10'))", device)
+    assert matches("isSemver('1.0.0') && !isSemver('1.0') && semver('1.0', true) == semver('1.0.0')", device)
+    assert matches("semver('1.0.0-alpha.1').isLessThan(semver('1.0.0-alpha.beta'))", device)
+    assert matches("semver('1.0.0-2').isLessThan(semver('1.0.0-10'))", device)
     for bad in (
         "device.attributes['gpu.example.com'].missing == 1",
-        "device.capacity['gpu.example.com'].mem.compareTo(version('1.0.0')) == 0",
+        "device.capacity['gpu.example.com'].mem.compareTo(semver('1.0.0')) == 0",
         "device.attributes['gpu.example.com'].n.compareTo(1) == 0",
         "quantity('1.5').asInteger() == 1",
         "'x'",

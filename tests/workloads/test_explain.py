@@ -389,3 +389,117 @@ def test_an_unreadable_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     )
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("dra-agent: error: --file") and "claim.yaml" in line
+
+
+# ------------------------------------------- issue 24: explain agrees with kube-scheduler v1.36
+
+
+def shared_slices(*, policy: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One shareable GPU (allowMultipleAllocations) with 80Gi of consumable memory."""
+    memory: dict[str, Any] = {"value": "80Gi"}
+    if policy is not None:
+        memory["requestPolicy"] = policy
+    gpu = {**device("gpu-0", "pci-a"), "allowMultipleAllocations": True, "capacity": {"memory": memory}}
+    s = slices()[0]
+    s["spec"]["devices"] = [gpu]
+    return [s]
+
+
+def holder(name: str, consumed: str) -> dict[str, Any]:
+    other = claim(name, uid=f"uid-{name}")
+    result = {
+        "request": "gpu",
+        "driver": NV,
+        "pool": NODE,
+        "device": "gpu-0",
+        "shareID": "0a1b2c",
+        "consumedCapacity": {"memory": consumed},
+    }
+    other["status"] = {"allocation": {"devices": {"results": [result]}}}
+    return other
+
+
+def run_shared(c: dict[str, Any], others: Sequence[dict[str, Any]], **kw: Any) -> Report:
+    return explain(
+        c, node=NODE, classes={NV: device_class()}, slices=shared_slices(**kw), other_claims=others
+    )
+
+
+def test_a_shareable_device_with_capacity_left_is_a_candidate() -> None:
+    """consumable_capacity.go cmpRequestOverCapacity: a share fits while consumed + request <= value;
+    found (a): explain said "allocated to claim X" where the scheduler allocated a share."""
+    c = claim(capacity={"requests": {"memory": "16Gi"}})
+    report = run_shared(c, [holder("other", "64Gi")])
+    assert verdicts(report)[f"{NV}/{NODE}/gpu-0"] == ()
+    assert not report.requests[0].summary.endswith("unsatisfiable here")
+
+
+def test_a_share_too_large_is_explained_by_the_capacity_left() -> None:
+    """consumable_capacity.go: the capacity left, not the other claim, excludes the device."""
+    c = claim(capacity={"requests": {"memory": "48Gi"}})
+    report = run_shared(c, [holder("other", "64Gi")])
+    assert verdicts(report)[f"{NV}/{NODE}/gpu-0"] == ("memory: requested 48Gi, 16Gi left of 80Gi",)
+
+
+def test_the_request_policy_rounds_the_share_as_the_allocator_does() -> None:
+    """consumable_capacity.go roundUpRange (min, step), violatesPolicy (max) and fillEmptyRequestQuantity."""
+    policy = {"default": "8Gi", "validRange": {"min": "8Gi", "max": "40Gi", "step": "8Gi"}}
+    c = claim(capacity={"requests": {"memory": "10Gi"}})
+    (reason,) = verdicts(run_shared(c, [holder("other", "72Gi")], policy=policy))[f"{NV}/{NODE}/gpu-0"]
+    assert reason == "memory: requested 10Gi, rounded up to 16Gi by the request policy, 8Gi left of 80Gi"
+    assert verdicts(run_shared(c, [holder("other", "56Gi")], policy=policy))[f"{NV}/{NODE}/gpu-0"] == ()
+    too_big = claim(capacity={"requests": {"memory": "48Gi"}})
+    (reason,) = verdicts(run_shared(too_big, [], policy=policy))[f"{NV}/{NODE}/gpu-0"]
+    assert reason == "memory: requested 48Gi: more than the device's maximum of 40Gi per allocation"
+    # Not requested: an allocation takes the policy's default.
+    full = verdicts(run_shared(claim(), [holder("other", "76Gi")], policy=policy))[f"{NV}/{NODE}/gpu-0"]
+    assert full == ("memory: not requested, an allocation takes 8Gi, 4Gi left of 80Gi",)
+
+
+def test_shared_counters_left_by_allocated_partitions() -> None:
+    """allocator_experimental.go / pools: a device consuming shared counters fits while the pool's
+    allocated devices leave enough of each counter (partitionable devices)."""
+    s = slices()[0]
+    s["spec"]["sharedCounters"] = [{"name": "gpu-0-set", "counters": {"memory": {"value": "80Gi"}}}]
+    whole = {
+        **device("gpu-0", "pci-a"),
+        "consumesCounters": [{"counterSet": "gpu-0-set", "counters": {"memory": {"value": "80Gi"}}}],
+    }
+    part = {
+        **device("gpu-0-mig-1", "pci-a", memory="40Gi"),
+        "consumesCounters": [{"counterSet": "gpu-0-set", "counters": {"memory": {"value": "40Gi"}}}],
+    }
+    part2 = {**part, "name": "gpu-0-mig-2"}
+    s["spec"]["devices"] = [whole, part, part2]
+    other = claim("other", uid="uid-other")
+    other["status"] = {
+        "allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": NV, "pool": NODE, "device": "gpu-0-mig-1"}]}
+        }
+    }
+    report = explain(claim(), node=NODE, classes={NV: device_class()}, slices=[s], other_claims=[other])
+    seen = verdicts(report)
+    assert seen[f"{NV}/{NODE}/gpu-0"] == (
+        "counter gpu-0-set/memory: needs 80Gi, 40Gi left of 80Gi (allocated: gpu-0-mig-1)",
+    )
+    assert seen[f"{NV}/{NODE}/gpu-0-mig-1"] == ("allocated to claim ml/other",)
+    assert seen[f"{NV}/{NODE}/gpu-0-mig-2"] == ()
+
+
+def test_nvidia_e2e_style_selector_matches_as_the_scheduler_allocates() -> None:
+    """Found (b): dynamic-resource-allocation/cel/compile.go uses the base environment with the
+    strings extension (cel-go ext/strings.go lowerAscii); the scheduler allocated the device."""
+    expression = f"device.attributes[\"{NV}\"].productName.lowerAscii().matches('^.*a100.*$')"
+    report = run(claim(selectors=[{"cel": {"expression": expression}}]))
+    assert report.requests[0].summary == "needs 1 device(s); 3 of 5 on this node match"
+
+
+def test_a_missing_attribute_reads_as_the_scheduler_reports_it() -> None:
+    """Found (c): cel-go's missing map key, ``no such key: index``, with the allocator's
+    ``claim ...: selector #0: CEL runtime error:`` wording (allocator selectorsMatch)."""
+    expression = f"device.attributes['{NV}'].index == 0"
+    (reason,) = verdicts(run(claim(selectors=[{"cel": {"expression": expression}}])))[f"{NV}/{NODE}/gpu-0"]
+    assert (
+        reason
+        == f"claim ml/train: selector #0 on device {NV}/{NODE}/gpu-0: CEL runtime error: no such key: index"
+    )
