@@ -36,6 +36,7 @@ from agent.core.model import HealthCondition, Severity
 from agent.health.taints import EFFECT_NONE, TaintPolicy
 from agent.kube.credentials import check_in_cluster, check_kubeconfig, in_cluster
 from agent.kubelet.deviceplugins import device_plugins_dir, report_device_plugins
+from agent.kubelet.peersockets import DeadPeerSockets
 from agent.kubelet.plugin import KubeletPlugin, another_pod_serving, socket_paths
 from agent.kubelet.podresources import PodResourcesClient, default_socket
 from agent.kubelet.workloads import WorkloadAttribution
@@ -238,6 +239,11 @@ class AgentParts:
             parts.append(Part(f"{driver}/publisher", lambda: self._publish(runtime, check)))
         if config.serve_kubelet:
             parts.append(Part(f"{driver}/kubelet", lambda: self._serve_kubelet(runtime)))
+            if config.pod_uid:
+                peers = DeadPeerSockets(
+                    driver, config.plugins_dir, config.registry_dir, config.pod_uid, self.clock
+                )
+                parts.append(Part(f"{driver}/peer-sockets", peers.run))
         return parts
 
     def _state(self, backend: Backend) -> DeviceState:
