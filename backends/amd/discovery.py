@@ -39,6 +39,8 @@ TYPE_GPU = "amdgpu"
 TYPE_PARTITION = "amdgpu-partition"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
+"""Standard from Kubernetes 1.37 (an int), beside AMD's own ``numaNode``."""
 MIB = 1024 * 1024
 _NA = "N/A"
 _BDF = re.compile(r"^([0-9a-fA-F]{4,}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
@@ -375,6 +377,7 @@ def _device(info: ProcessorInfo, parent: ProcessorInfo | None, driver: str, warn
     numa = info.numa_node if info.numa_node is not None else owner.numa_node
     if numa is not None:
         attrs["numaNode"] = numa
+        attrs[NUMA_NODE] = numa
     root = info.pcie_root or owner.pcie_root
     if root:
         attrs[PCIE_ROOT] = root

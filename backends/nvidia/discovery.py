@@ -28,6 +28,8 @@ log = logging.getLogger("agent.backends.nvidia")
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
+"""Standard from Kubernetes 1.37 (an int); a domain-qualified name every release accepts."""
 MIB = 1024 * 1024
 
 # nvmlDeviceGetArchitecture values -> NVIDIA's names (as in the NVIDIA DRA driver).
@@ -170,6 +172,18 @@ def pcie_root(sysfs_root: Path, bus_id: str) -> str | None:
     return None
 
 
+def numa_node(sysfs_root: Path, bus_id: str) -> int | None:
+    """The NUMA node of PCI device `bus_id` from sysfs (``numa_node``); None where the host reports
+    none (-1 on a single-node machine, or no file)."""
+    if not bus_id:
+        return None
+    try:
+        value = int((sysfs_root / "bus" / "pci" / "devices" / bus_id / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
 def mig_profile_name(
     gi_slices: int, ci_slices: int, memory_mib: int, total_memory_bytes: int, suffix: str = ""
 ) -> str:
@@ -256,6 +270,9 @@ def _common_attributes(
         root = pcie_root(sysfs_root, bus_id)
         if root:
             attrs[PCIE_ROOT] = root
+        numa = numa_node(sysfs_root, bus_id)
+        if numa is not None:
+            attrs[NUMA_NODE] = numa
     return attrs, product, bus_id
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from agent.core.model import Device, Version
 from agent.core.quantity import Quantity
-from backends.amd.discovery import PCI_BUS_ID, PCIE_ROOT, ProcessorInfo, Sysfs, build_devices
+from backends.amd.discovery import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, ProcessorInfo, Sysfs, build_devices
 from tests.amd.conftest import MakeBackend, make_sysfs
 from tests.fakes.fake_amdsmi import AMDSMI_STATUS_NOT_FOUND, mi210, mi250x, mi300x
 
@@ -43,6 +43,7 @@ async def test_mi300x_spx_nps1_gpu_attributes(make_backend: MakeBackend, tmp_pat
         "partitionProfile": "spx_nps1",
         "pciAddr": "0000:05:00.0",
         "numaNode": 0,
+        NUMA_NODE: 0,  # the standard name (Kubernetes 1.37) beside AMD's own
         PCI_BUS_ID: "0000:05:00.0",
         PCIE_ROOT: "pci0000:00",
     }
