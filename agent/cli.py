@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
@@ -23,6 +23,9 @@ from agent.core.logs import setup_logging
 from agent.core.model import Device
 from agent.core.vendorcall import exit_if_vendor_calls_hung
 from agent.explain import command as explain_command
+
+if TYPE_CHECKING:
+    from agent.health.taints import TaintPolicy
 
 COMMAND_GROUP = "dra_agent.commands"
 # Our own commands: with one of them first, the parser skips the entry-point scan of every
@@ -154,6 +157,21 @@ async def _list_devices(config: AgentConfig) -> list[Device]:
     return found
 
 
+async def _print_slices(config: AgentConfig, policy: TaintPolicy, out: TextIO) -> None:
+    """``dra-agent slices``: discover each configured backend's devices once and print its pool."""
+    from agent.app import create_backends
+    from agent.kube.printer import pool_document
+
+    for backend in create_backends(config):
+        await backend.start()
+        try:
+            devices = list(await backend.discover())
+        finally:
+            await backend.stop()
+        out.write(pool_document(config.node_name, config.print_for, backend.driver_name, devices, policy))
+    out.flush()
+
+
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
     """Build the config from parsed flags and the environment."""
     return build_config({o.field: getattr(args, o.field, None) for o in OPTIONS})
@@ -182,10 +200,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "slices":
             config = config_from_args(args)
             setup_logging(config.log_format, config.log_level)
-            from agent.printer import print_slices_once
             from agent.runner import load_policy
 
-            anyio.run(print_slices_once, config, load_policy(config.taint_policy), sys.stdout)
+            anyio.run(_print_slices, config, load_policy(config.taint_policy), sys.stdout)
             return 0
         if args.command == "demo":
             setup_logging("keyvalue", args.log_level)

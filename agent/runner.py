@@ -49,6 +49,7 @@ from agent.preflight import preflight
 if TYPE_CHECKING:
     from agent.kube.client import KubeClient
     from agent.kube.events import EventRecorder
+    from agent.kube.nodecache import NodeApiCache
     from agent.kube.publisher import SlicePublisher
 
 log = logging.getLogger("agent.runner")
@@ -59,8 +60,14 @@ API_MODULES = ("agent.kube.client", "agent.kube.events")
 """What a claim read needs: imported after the kubelet sockets serve. ~7 ms with bytecode cached
 (~0.11 s while the client used aiohttp; its own transport is `agent.kube.transport`); the
 credential loaders (~40 ms) are imported by `KubeClient.connect`, in a worker thread too."""
-PUBLISHER_MODULES = ("agent.kube.publisher", "agent.kube.published")
-PRINTER_MODULES = ("yaml", "agent.kube.capabilities", "agent.kube.client", "agent.kube.pool", "agent.printer")
+PUBLISHER_MODULES = ("agent.kube.publisher", "agent.kube.published", "agent.kube.nodecache")
+PRINTER_MODULES = (
+    "yaml",
+    "agent.kube.capabilities",
+    "agent.kube.client",
+    "agent.kube.pool",
+    "agent.kube.printer",
+)
 """What the ``--kube none`` slice printer needs: imported once the kubelet sockets serve."""
 METRICS_MODULE = "agent.observe.httpserver"
 METRICS_WAIT_SECONDS = 2.0
@@ -157,6 +164,8 @@ class AgentParts:
         """Set once every driver's claim state is loaded (or none will): prepares can be answered."""
         self._loading = 0
         self.publishers: dict[str, SlicePublisher] = {}
+        self.node_cache: NodeApiCache | None = None
+        """Discovery, probes, the Node and our slices (one LIST/WATCH): one for every publisher."""
         self.plugins: dict[str, KubeletPlugin] = {}
         self.states: dict[str, DeviceState] = {}
         self.metrics_port: int | None = None
@@ -322,8 +331,18 @@ class AgentParts:
         if publisher is None:
             await self._after_claims()
             await import_late(*PUBLISHER_MODULES)
+            from agent.kube.nodecache import NodeApiCache
             from agent.kube.publisher import SlicePublisher
 
+            if self.node_cache is None:
+                self.node_cache = NodeApiCache(
+                    kube,
+                    self.config.node_name,
+                    clock=self.clock,
+                    resync_seconds=self.config.resync_seconds,
+                    watch_timeout_seconds=self.config.watch_timeout_seconds,
+                    metrics=self.metrics,
+                )
             publisher = SlicePublisher(
                 kube,
                 runtime.inventory,
@@ -334,7 +353,9 @@ class AgentParts:
                 events=events,
                 debounce_seconds=self.config.health_debounce_seconds,
                 resync_seconds=self.config.resync_seconds,
+                watch_timeout_seconds=self.config.watch_timeout_seconds,
                 on_published=functools.partial(self.readiness.set, check),
+                shared=self.node_cache,
             )
             self.publishers[runtime.driver] = publisher
         return kube, publisher
@@ -348,7 +369,7 @@ class AgentParts:
         in our slices seed the health tracker at start (the kubelet's health stream sees them
         too) and again on taking over, before the first write.
         """
-        kube, publisher = await self._publisher(runtime, check)
+        _, publisher = await self._publisher(runtime, check)
         lock = None
         if self.config.pod_uid:
             lock = FileLock(
@@ -358,7 +379,7 @@ class AgentParts:
             )
         held = False
         try:
-            await self._seed(kube, runtime)
+            await self._seed(publisher, runtime)
             if lock is not None:
                 if not await lock.try_acquire():
                     log.info(
@@ -369,7 +390,7 @@ class AgentParts:
                     self.readiness.set(check, True, "standby: another agent pod on this node publishes")
                     await lock.acquire()
                     log.info("taking over publishing", extra=log_fields(driver=runtime.driver))
-                    await self._seed(kube, runtime)  # what the old pod published last
+                    await self._seed(publisher, runtime, fresh=True)  # what the old pod published last
                 held = True
             await publisher.run()
         finally:
@@ -378,12 +399,13 @@ class AgentParts:
                     lock.release()
                 lock.close()
 
-    async def _seed(self, kube: KubeClient, runtime: DriverRuntime) -> None:
-        """Hold the taints an earlier agent process published, as conditions of the health tracker."""
-        from agent.kube.published import published_taints
+    async def _seed(self, publisher: SlicePublisher, runtime: DriverRuntime, *, fresh: bool = False) -> None:
+        """Hold the taints an earlier agent process published, as conditions of the health tracker.
 
+        Read from the publishers' shared slice store (`agent.kube.nodecache`): its one LIST serves
+        the seed, the watch and the first pass; `fresh` reads what the API server has now."""
         prefix = f"{runtime.driver}/"
-        taints = await published_taints(kube, node_name=self.config.node_name, driver=runtime.driver)
+        taints = await publisher.published_taints(fresh=fresh)
         for taint in taints:
             if not taint.key.startswith(prefix):
                 continue  # not a key of ours
@@ -449,13 +471,15 @@ class AgentParts:
                 tg.start_soon(self._print_pool, runtime)
 
     async def _print_pool(self, runtime: DriverRuntime) -> None:
-        from agent.printer import pool_document
+        from agent.kube.printer import pool_document
 
         version = -1
         while True:
             version = await runtime.inventory.wait_changed(version)
+            devices = runtime.inventory.devices()
+            config = self.config
             self.out.write(
-                pool_document(self.config, runtime.driver, runtime.inventory.devices(), self.policy)
+                pool_document(config.node_name, config.print_for, runtime.driver, devices, self.policy)
             )
             self.out.flush()
             await self.clock.sleep(0.1)  # coalesce a burst of changes into one print

@@ -85,6 +85,7 @@ async def _report(args: argparse.Namespace, config: AgentConfig) -> Report:
 def _evaluate(inputs: Inputs, node: str, config: AgentConfig) -> Report:
     from agent.explain.evaluate import ExplainError, allocated_node, claim_key, explain
     from agent.explain.sources import placement
+    from agent.explain.taintrules import apply_rules
 
     claim = inputs.claim
     elsewhere = allocated_node(claim)
@@ -97,7 +98,7 @@ def _evaluate(inputs: Inputs, node: str, config: AgentConfig) -> Report:
         claim,
         node=node,
         classes=inputs.classes,
-        slices=inputs.slices,
+        slices=apply_rules(inputs.slices, inputs.taint_rules),
         other_claims=inputs.other_claims,
         placement=placement(claim, node, config.state_dir, config.cdi_root),
         notes=inputs.notes,

@@ -26,6 +26,7 @@ from typing import Any
 from agent.core.cel import CelCompileError, CelError, compile_check, matches, referenced_values
 from agent.core.errors import AgentError, QuantityError
 from agent.core.quantity import Quantity
+from agent.explain.taintrules import RULE_FIELD
 
 BLOCKING_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 
@@ -510,7 +511,11 @@ def explain(
                     _tolerates(t, taint) for t in tolerations
                 ):
                     value = f"={taint['value']}" if taint.get("value") else ""
-                    reasons.append(f"taint {taint.get('key')}{value}:{taint.get('effect')} not tolerated")
+                    rule = taint.get(RULE_FIELD)
+                    source = f" (DeviceTaintRule {rule})" if rule else ""
+                    reasons.append(
+                        f"taint {taint.get('key')}{value}:{taint.get('effect')}{source} not tolerated"
+                    )
             if shared:
                 reasons += _shared_capacity_reasons(spec, device, usage)
             else:

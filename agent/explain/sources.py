@@ -28,6 +28,8 @@ class Inputs:
     slices: Sequence[Mapping[str, Any]]
     other_claims: Sequence[Mapping[str, Any]]
     notes: tuple[str, ...] = ()
+    taint_rules: Sequence[Mapping[str, Any]] = ()
+    """DeviceTaintRules: the scheduler adds their taints to the devices they select."""
 
 
 class ApiReader(Protocol):
@@ -83,14 +85,37 @@ async def from_api(kube: ApiReader, namespace: str, name: str, node: str) -> Inp
             raise
         claims = {}
         notes = ("cannot list ResourceClaims (forbidden): devices allocated to other claims are not shown",)
+    rules, rule_note = await _taint_rules(kube)
     convert = claim_to_v1 if kube.slice_version == "v1beta1" else dict
     return Inputs(
         claim=claim,
         classes=classes,
         slices=[s for s in slices.get("items") or [] if isinstance(s, Mapping)],
         other_claims=[convert(c) for c in claims.get("items") or [] if isinstance(c, Mapping)],
-        notes=notes,
+        notes=notes + rule_note,
+        taint_rules=rules,
     )
+
+
+TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+"""Where DeviceTaintRules are served: v1 from 1.37 (GA, on by default), v1alpha3 before (gated)."""
+
+
+async def _taint_rules(kube: ApiReader) -> tuple[list[Mapping[str, Any]], tuple[str, ...]]:
+    """The cluster's DeviceTaintRules (none where the API server does not serve them)."""
+    for version in TAINT_RULE_VERSIONS:
+        try:
+            found = await kube.request("GET", f"/apis/{RESOURCE_GROUP}/{version}/devicetaintrules")
+        except KubeApiError as error:
+            if error.status == 404:
+                continue  # not served at this version (or the feature gate is off)
+            if error.status == 403:
+                return [], (
+                    "cannot list DeviceTaintRules (forbidden): taints an admin set by rule are not shown",
+                )
+            raise
+        return [r for r in found.get("items") or [] if isinstance(r, Mapping)], ()
+    return [], ()
 
 
 def _documents(path: Path, flag: str) -> list[list[Mapping[str, Any]]]:
@@ -132,10 +157,13 @@ def from_files(claim_file: Path, slices_file: Path) -> Inputs:
         for obj in doc:
             if obj.get("kind") == "ResourceSlice":
                 printed.setdefault(_pool(obj), []).append(obj)
+            elif obj.get("kind") == "DeviceTaintRule":
+                objects.append(obj)
             elif obj.get("kind") == "DeviceClass":
                 classes[str((obj.get("metadata") or {}).get("name"))] = obj
         pools.update(printed)
     claims = [o for o in objects if o.get("kind") == "ResourceClaim"]
+    rules = [o for o in objects if o.get("kind") == "DeviceTaintRule"]
     if not claims:
         raise ExplainError(f"--file {claim_file}: no ResourceClaim in it")
     classes.update(
@@ -147,6 +175,7 @@ def from_files(claim_file: Path, slices_file: Path) -> Inputs:
         classes={name: classes.get(name) for name in class_names(claim)},
         slices=[s for group in pools.values() for s in group],
         other_claims=claims[1:],
+        taint_rules=rules,
     )
 
 
