@@ -8,6 +8,14 @@ device names ``<claimUID>-<device>[-<shareID>]`` (a claim UID is never reused, s
 cache specs never hit a stale entry). ``cdiVersion`` is the lowest version the content needs, as
 the CDI library's ``MinimumRequiredVersion`` chooses it. Writes are atomic (`agent.core.atomicfile`).
 
+Specs compose: a container with several claims gets every claim's spec, and CDI applies them in
+the order of the device IDs (``Cache.InjectDevices`` in container-device-interface
+``pkg/cdi/cache.go``), keeping the last value of each variable (``addEnv`` in
+``internal/ociedit/spec_editor.go``). So no variable of a spec lists the claim's devices: device
+nodes and mounts say what a container has, and a variable is either the same in every claim
+(``NVIDIA_VISIBLE_DEVICES=void``) or of its own per device (the fake's ``FAKE_DEVICE_*``,
+`EMPTY_EDITS_ENV`).
+
 Each spec carries its claim's checkpoint entry as a one-line JSON comment (`RECORD_PREFIX`): a
 comment, because runtimes ignore it and it raises no ``cdiVersion``; the entry, so that a corrupt
 checkpoint can be rebuilt from the specs that survive (`agent.claims.recovery`).
@@ -15,6 +23,7 @@ checkpoint can be rebuilt from the specs that survive (`agent.claims.recovery`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +36,8 @@ from agent.core.boundedfile import MIB, parse_json, read_text
 
 CDI_CLASS = "claim"
 EMPTY_EDITS_ENV = "DRA_CLAIM_DEVICE"
+"""Prefix of the variable naming a device whose backend returned no edits (CDI rejects a device
+without edits): ``DRA_CLAIM_DEVICE_<hash>=<qualified CDI ID>``, a variable of its own per device."""
 RECORD_PREFIX = "# dra-agent claim: "
 MAX_SPEC_BYTES = 4 * MIB
 """A claim has at most 32 devices: its spec is a few KiB even with every driver library mounted."""
@@ -57,6 +68,17 @@ def qualified_device_id(driver: str, name: str) -> str:
     return f"{cdi_kind(driver)}={name}"
 
 
+def empty_edits_env(driver: str, name: str) -> str:
+    """``DRA_CLAIM_DEVICE_<12 hex digits of the SHA-256 of the qualified ID>=<qualified ID>``.
+
+    Its own name per device (the qualified ID is unique on the node), so that the markers of two
+    devices in one container never hide each other.
+    """
+    qualified = qualified_device_id(driver, name)
+    digest = hashlib.sha256(qualified.encode()).hexdigest()[:12].upper()
+    return f"{EMPTY_EDITS_ENV}_{digest}={qualified}"
+
+
 @dataclass(frozen=True)
 class CdiDevice:
     """One device of a claim's spec and the edits its backend returned."""
@@ -66,7 +88,11 @@ class CdiDevice:
 
 
 def merged_env(edits: Sequence[ContainerEdits]) -> dict[str, str]:
-    """Environment of all devices of a claim: list variables comma-joined, others first value wins."""
+    """Environment of all devices of a claim: list variables comma-joined, others first value wins.
+
+    The join reaches one claim only: with two claims in a container, CDI keeps the last claim's
+    value (see the module docstring), so no list variable may say which devices a container has.
+    """
     env: dict[str, str] = {}
     list_vars = frozenset().union(*(e.list_env for e in edits)) if edits else frozenset()
     for edit in edits:
@@ -122,7 +148,9 @@ def build_claim_spec(driver: str, devices: Sequence[CdiDevice]) -> dict[str, Any
     """The spec dict of one claim, ``cdiVersion`` set to the minimum its content needs.
 
     Each device carries the claim-wide merged environment: runtimes append every injected
-    device's env and the last value wins, so per-device values would hide each other.
+    device's env and the last value wins, so per-device values would hide each other. Across
+    claims no such merge is possible; the backends' variables compose by themselves (module
+    docstring).
     """
     env = merged_env([d.edits for d in devices])
     spec: dict[str, Any] = {
@@ -133,7 +161,7 @@ def build_claim_spec(driver: str, devices: Sequence[CdiDevice]) -> dict[str, Any
     for device in spec["devices"]:
         if not device["containerEdits"]:
             # CDI rejects a device without edits; name the device so the container can see it.
-            device["containerEdits"] = {"env": [f"{EMPTY_EDITS_ENV}={device['name']}"]}
+            device["containerEdits"] = {"env": [empty_edits_env(driver, device["name"])]}
     spec["cdiVersion"] = minimum_version(spec)
     return spec
 

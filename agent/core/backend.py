@@ -149,7 +149,11 @@ class ContainerEdits:
     `cdi_device_ids` are extra, fully qualified CDI IDs the runtime resolves from specs the
     agent does not write (for example the NVIDIA Container Toolkit's ``nvidia.com/gpu=<uuid>``).
     `env` values of several devices of one claim are merged by the core; variables listed in
-    `list_env` are joined with commas (``NVIDIA_VISIBLE_DEVICES=uuid1,uuid2``).
+    `list_env` are joined with commas (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=uuid1=1024M,uuid2=1024M``).
+    That join covers one claim only: a container with two claims of one driver gets both claims'
+    CDI specs, and CDI keeps the last claim's value of a variable. So no variable may tell a
+    container which devices it has: device nodes and mounts do; a variable has the same value in
+    every claim (``NVIDIA_VISIBLE_DEVICES=void``) or a name of its own per device.
     """
 
     device_nodes: tuple[DeviceNode, ...] = ()

@@ -4,6 +4,13 @@ Type, major and minor are read from the host's device nodes at prepare time (nev
 can change across reboots and driver reloads). `dev_root` is where the host's /dev is visible to
 the agent; the paths in the edits stay host paths (``/dev/...``) because the container runtime
 resolves them on the host.
+
+No environment: the device nodes are what a container has, as in AMD's DRA driver (per-claim specs
+of device nodes only, ROCm/k8s-gpu-dra-driver ``cmd/gpu-kubeletplugin/cdi.go``). A per-claim
+``AMD_VISIBLE_DEVICES``, ``ROCR_VISIBLE_DEVICES`` or ``HIP_VISIBLE_DEVICES`` would hide the other
+claims' GPUs in a container with several claims: CDI keeps the last claim's value of a variable
+(container-device-interface ``internal/ociedit/spec_editor.go``), and ROCm enumerates only the
+GPUs those variables list when they are set.
 """
 
 from __future__ import annotations

@@ -442,11 +442,13 @@ class FakeBackend:
             await sharing.resume(shares)
 
     def _edits(self, device: Device, mounts: tuple[Mount, ...]) -> ContainerEdits:
-        """Environment and the description file: no device nodes (see `backends.fake.devicefile`)."""
-        env = {devicefile.VISIBLE_DEVICES: device.name}
-        if self._vendor == "nvidia":
-            env[devicefile.NVIDIA_VISIBLE_DEVICES] = device.uuid or device.name
-        return ContainerEdits(env=env, list_env=frozenset(env), mounts=mounts)
+        """Environment and the description file: no device nodes (see `backends.fake.devicefile`).
+
+        The environment has a variable of its own per device, never a list: lists of two claims in
+        one container would hide each other (CDI keeps a variable's last value).
+        """
+        env = devicefile.device_env(self._driver, device, self._vendor)
+        return ContainerEdits(env=env, mounts=mounts)
 
     async def telemetry(self) -> Sequence[DeviceTelemetry]:
         """Synthetic counters: a slow wave per device (phase from its name), deterministic per time."""

@@ -4,8 +4,13 @@ The fake backend runs in clusters without GPUs (kind-based CI): a CDI spec namin
 or ``/dev/kfd`` makes the runtime stat host nodes that do not exist, and the pod never starts. So
 the edits carry only what a test can check inside the container:
 
-- ``FAKE_VISIBLE_DEVICES``: the claim's device names, comma-separated (and, as the real backends set
-  it, ``NVIDIA_VISIBLE_DEVICES`` with the fake UUIDs for NVIDIA profiles);
+- one variable per device, ``FAKE_DEVICE_<DEVICE>_<HASH>=<driver>/<device>`` (`device_env_name`),
+  and for NVIDIA profiles ``NVIDIA_VISIBLE_DEVICES=void`` as the real NVIDIA backend sets it. No
+  variable lists devices: a container with several claims gets each claim's spec in turn and CDI
+  keeps the last value of a variable (container-device-interface ``internal/ociedit/spec_editor.go``),
+  so a per-claim list would show the last claim's devices only. Variables of their own per device
+  never meet; a device shared by two claims gets the same variable and value from both.
+  ``env | grep ^FAKE_DEVICE_`` lists them all;
 - a read-only JSON file per device at ``/run/dra-fake/<driver>/<device>.json`` describing the device,
   the claim and the device nodes a real backend would have given. The agent writes it at prepare
   under its state directory (a host path, the same inside the agent's container) and removes it at
@@ -15,6 +20,8 @@ the edits carry only what a test can check inside the container:
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import os
 import re
@@ -24,10 +31,30 @@ from typing import Any
 from agent.core.backend import ClaimRef
 from agent.core.model import Device
 
-VISIBLE_DEVICES = "FAKE_VISIBLE_DEVICES"
+DEVICE_ENV_PREFIX = "FAKE_DEVICE_"
 NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+NVIDIA_VOID = "void"
+"""What the real NVIDIA backend sets (`backends.nvidia.edits`): the same in every claim's spec."""
 CONTAINER_DIR = "/run/dra-fake"
 _GPU_MINOR = re.compile(r"^gpu-(\d+)")
+_NOT_NAME = re.compile(r"[^A-Z0-9]")
+
+
+@functools.lru_cache(maxsize=4096)
+def device_env_name(driver: str, device: str) -> str:
+    """``FAKE_DEVICE_<DEVICE>_<HASH>``: the device name upper-cased, each other character ``_``, and 8
+    hex digits of the SHA-256 of ``<driver>/<device>``, so that same-named devices of two drivers
+    (two profiles can both have a ``gpu-0``) get variables of their own."""
+    digest = hashlib.sha256(f"{driver}/{device}".encode()).hexdigest()[:8].upper()
+    return f"{DEVICE_ENV_PREFIX}{_NOT_NAME.sub('_', device.upper())}_{digest}"
+
+
+def device_env(driver: str, device: Device, vendor: str) -> dict[str, str]:
+    """The environment a container gets for `device`: no value in it depends on the claim."""
+    env = {device_env_name(driver, device.name): f"{driver}/{device.name}"}
+    if vendor == "nvidia":
+        env[NVIDIA_VISIBLE_DEVICES] = NVIDIA_VOID
+    return env
 
 
 def container_path(driver: str, device: str) -> str:

@@ -21,12 +21,13 @@ Settings (``--backend nvidia:key=value,...``):
     Operator may write it after the agent started, an old one may lack a GPU).
   * ``own``: our per-claim CDI spec carries the device nodes (``nvidia<minor>``, ``nvidiactl``,
     ``nvidia-uvm``, ``nvidia-uvm-tools``, ``nvidia-modeset``, MIG capability nodes),
-    ``NVIDIA_VISIBLE_DEVICES`` and what the toolkit would mount (`backends.nvidia.driverfiles`):
+    ``NVIDIA_VISIBLE_DEVICES=void`` (as NVIDIA's DRA driver: the toolkit's runtime adds nothing on
+    top of CDI; claims in one container compose) and what the toolkit would mount (`backends.nvidia.driverfiles`):
     every driver library, the driver's binaries, EGL/Vulkan vendor files and IPC sockets, at their
     paths below the driver root, plus the toolkit's ``update-ldcache`` and ``create-symlinks``
     hooks when the hook binary is installed, so a plain image finds ``libcuda.so.1``.
   * ``toolkit``: return the toolkit's CDI device ``nvidia.com/gpu=<uuid>`` (and
-    ``NVIDIA_VISIBLE_DEVICES``); the toolkit's spec (``nvidia-ctk cdi generate``, kept current by
+    ``NVIDIA_VISIBLE_DEVICES=void``); the toolkit's spec (``nvidia-ctk cdi generate``, kept current by
     ``nvidia-cdi-refresh`` or the GPU Operator) carries nodes, libraries and hooks. A claim fails,
     saying what to run, when that spec is missing or lacks the GPU's UUID (``nvidia-ctk`` before
     the ``index,uuid`` default names devices by index only: ``--device-name-strategy=uuid``).

@@ -1,12 +1,21 @@
 """Container edits for a prepared NVIDIA device, in the CDI modes (see the package docstring).
 
 - ``own``: the device nodes (``/dev/nvidia<minor>``, ``/dev/nvidiactl``, ``/dev/nvidia-uvm``,
-  ``/dev/nvidia-uvm-tools``, ``/dev/nvidia-modeset``, MIG capability nodes),
-  ``NVIDIA_VISIBLE_DEVICES``, and the driver's files with the toolkit's hooks
-  (`backends.nvidia.driverfiles`).
-- ``toolkit``: the NVIDIA Container Toolkit's own CDI device ``nvidia.com/gpu=<uuid>`` plus
-  ``NVIDIA_VISIBLE_DEVICES``; the toolkit's spec carries nodes, libraries and hooks.
+  ``/dev/nvidia-uvm-tools``, ``/dev/nvidia-modeset``, MIG capability nodes) and the driver's files
+  with the toolkit's hooks (`backends.nvidia.driverfiles`).
+- ``toolkit``: the NVIDIA Container Toolkit's own CDI device ``nvidia.com/gpu=<uuid>``; the
+  toolkit's spec carries nodes, libraries and hooks.
 - ``auto``: ``toolkit`` when the toolkit's spec names the GPU by UUID, else ``own``.
+
+Both set ``NVIDIA_VISIBLE_DEVICES=void``, never a device list: CDI device nodes say which GPUs a
+container has. A container with several claims gets each claim's spec in turn, and CDI keeps the
+last value of a variable (``addEnv`` in container-device-interface
+``internal/ociedit/spec_editor.go``), so a per-claim list would leave only the last claim's GPUs
+in it. ``void`` is what NVIDIA's DRA driver sets in every claim spec (the common edits of
+nvidia-container-toolkit ``pkg/nvcdi/wrapper.go``): the toolkit's runtime and legacy hook then
+inject nothing of their own (``NewVisibleDevices`` in ``internal/config/image/devices.go``), and
+an image's ``NVIDIA_VISIBLE_DEVICES=all`` (CUDA base images set it) cannot add every GPU of the
+node. CUDA, with no ``CUDA_VISIBLE_DEVICES``, uses every GPU whose nodes it can open.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ log = logging.getLogger("agent.backends.nvidia")
 AUTO, OWN, TOOLKIT = "auto", "own", "toolkit"
 CDI_MODES = (AUTO, OWN, TOOLKIT)
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+VOID = "void"
+"""The toolkit's "not a GPU request" value: identical in every claim's spec, so any order composes."""
 
 
 @dataclass(frozen=True)
@@ -98,8 +109,7 @@ def resolve_dev_dir(host: HostView, driver_root: str) -> DevDir:
 def toolkit_edits(device: NvDevice) -> ContainerEdits:
     """``nvidia.com/gpu=<uuid>``: the toolkit's spec carries everything else."""
     return ContainerEdits(
-        env={VISIBLE_DEVICES: device.uuid},
-        list_env=frozenset({VISIBLE_DEVICES}),
+        env={VISIBLE_DEVICES: VOID},
         cdi_device_ids=(f"{TOOLKIT_KIND}={device.uuid}",),
     )
 
@@ -126,8 +136,7 @@ def own_edits(device: NvDevice, config: EditsConfig, files: DriverFiles) -> Cont
                 nodes.append(node)
     return ContainerEdits(
         device_nodes=tuple(nodes),
-        env={VISIBLE_DEVICES: device.uuid},
-        list_env=frozenset({VISIBLE_DEVICES}),
+        env={VISIBLE_DEVICES: VOID},
         mounts=files.mounts,
         hooks=files.hooks,
     )

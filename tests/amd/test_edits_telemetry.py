@@ -62,7 +62,9 @@ async def test_prepare_reads_device_nodes_each_time(make_backend: MakeBackend) -
         DeviceNode(path="/dev/dri/card3", type="c", major=226, minor=3, permissions="rw"),
         DeviceNode(path="/dev/dri/renderD130", type="c", major=226, minor=130, permissions="rw"),
     )
-    assert edits.env == {} and edits.cdi_device_ids == ()
+    # No visibility variable: a per-claim ROCR/HIP/AMD_VISIBLE_DEVICES would hide the other claims'
+    # GPUs in a container with several claims (tests/kubelet/test_cdi_compose.py).
+    assert edits.env == {} and edits.list_env == frozenset() and edits.cdi_device_ids == ()
     # Idempotent, and re-read from the host (after a reboot the numbers may differ).
     assert await backend.prepare("gpu-3-130", CLAIM) == edits
     assert len(dev.calls) == 6

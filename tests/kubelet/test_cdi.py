@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from agent.claims.cdi import (
     build_claim_spec,
     cdi_device_name,
     cdi_kind,
+    empty_edits_env,
     merged_env,
     minimum_version,
     qualified_device_id,
@@ -111,7 +113,26 @@ def test_merged_env_dedupes_list_values() -> None:
 
 def test_device_without_edits_gets_a_marker_env() -> None:
     spec = spec_of("a-gpu-0", ContainerEdits())
-    assert spec["devices"][0]["containerEdits"] == {"env": [f"{EMPTY_EDITS_ENV}=a-gpu-0"]}
+    [env] = spec["devices"][0]["containerEdits"]["env"]
+    assert env == empty_edits_env(DRIVER, "a-gpu-0")
+    name, _, value = env.partition("=")
+    assert value == f"k8s.{DRIVER}/claim=a-gpu-0"
+    assert re.fullmatch(f"{EMPTY_EDITS_ENV}_[0-9A-F]{{12}}", name)
+
+
+def test_markers_of_devices_without_edits_never_share_a_variable() -> None:
+    """Two such devices in one container (one claim or two, one driver or two) keep both markers."""
+    names = {
+        empty_edits_env(driver, device).partition("=")[0]
+        for driver in (DRIVER, "gpu.other.com")
+        for device in ("a-gpu-0", "a-gpu-1", "b-gpu-0")
+    }
+    assert len(names) == 6
+    spec = build_claim_spec(
+        DRIVER, [CdiDevice("a-gpu-0", ContainerEdits()), CdiDevice("a-gpu-1", ContainerEdits())]
+    )
+    envs = [d["containerEdits"]["env"] for d in spec["devices"]]
+    assert envs == [[empty_edits_env(DRIVER, "a-gpu-0")], [empty_edits_env(DRIVER, "a-gpu-1")]]
 
 
 def test_render_starts_with_document_marker_and_parses() -> None:

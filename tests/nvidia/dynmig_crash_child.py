@@ -91,7 +91,7 @@ def main(hardware: Path, journal_dir: Path, kill_at: str, actions: list[str]) ->
         for action in actions:
             if action == "prepare":
                 edits = await backend.prepare(DEVICE, CLAIM)
-                report(action, {"visible": edits.env["NVIDIA_VISIBLE_DEVICES"]})
+                report(action, {"caps": sorted(n.path for n in edits.device_nodes if "nvidia-caps" in n.path)})
             else:
                 await backend.unprepare(DEVICE, CLAIM)
                 report(action, {})

@@ -63,7 +63,7 @@ async def test_auto_refers_to_the_toolkits_devices_when_its_spec_names_the_gpus_
     assert backend.active_cdi_mode == "toolkit"
     assert gpu.cdi_device_ids == (f"nvidia.com/gpu={H100}",)
     assert gpu.device_nodes == () and gpu.mounts == () and gpu.hooks == ()
-    assert dict(gpu.env) == {"NVIDIA_VISIBLE_DEVICES": H100}
+    assert dict(gpu.env) == {"NVIDIA_VISIBLE_DEVICES": "void"}  # the toolkit runtime adds nothing
     assert mig.cdi_device_ids == (f"nvidia.com/gpu={MIG_UUID}",)
     claim_spec = build_claim_spec("gpu.nvidia.com", [CdiDevice("uid-1-gpu-2", gpu)])
     assert cdi_problems(claim_spec) == []

@@ -78,6 +78,21 @@ def test_bad_dynamic_mig_settings(
         make_backend(nvml, **{k.replace("-", "_"): v for k, v in settings.items()})
 
 
+def test_consumable_shares_with_dynamic_mig_says_what_is_not_shared(
+    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, "agent.backends.nvidia"):
+        make_backend(nvml, dynamic_mig="true", dynamic_mig_dir=str(journal_dir), consumable_shares="memory")
+        make_backend(nvml, consumable_shares="memory")  # no dynamic MIG: nothing to say
+        make_backend(nvml, dynamic_mig="true", dynamic_mig_dir=str(journal_dir))  # no shares: nothing either
+    said = [r for r in caplog.records if "consumable-shares with dynamic-mig=true" in r.getMessage()]
+    assert len(said) == 1
+    assert (
+        "exclusive use" in said[0].getMessage()
+        and said[0].__dict__["fields"]["consumable_shares"] == "memory"
+    )
+
+
 async def test_discovery_publishes_each_gpu_as_it_can(
     make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -116,7 +131,7 @@ async def test_prepare_creates_and_unprepare_destroys(
     edits = await backend.prepare(PLACEMENT, CLAIM)
     [mig] = gpu.migs
     assert (mig.profile_id, mig.start, mig.size) == (9, 4, 4) and mig.ci_id == 0
-    assert edits.env["NVIDIA_VISIBLE_DEVICES"] == mig.uuid
+    assert edits.env["NVIDIA_VISIBLE_DEVICES"] == "void"  # the capability nodes carry the MIG device
     # The CDI edits give the new MIG device's capability nodes (GPU instance and compute instance).
     assert sum("/dev/nvidia-caps/" in n.path for n in edits.device_nodes) == 2
     assert [e.step for e in journal(journal_dir).entries()] == [PREPARED]

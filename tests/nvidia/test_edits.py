@@ -83,8 +83,9 @@ async def test_own_mode_full_gpu_on_a_host_installed_driver(
         DeviceNode(f"/dev/{n}", str(dev / n), permissions="rw")
         for n in ("nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
     )
-    assert dict(edits.env) == {"NVIDIA_VISIBLE_DEVICES": H100_UUID}
-    assert edits.list_env == {"NVIDIA_VISIBLE_DEVICES"}
+    # The device nodes say which GPU; the variable is the toolkit's "void", the same in every claim.
+    assert dict(edits.env) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert edits.list_env == frozenset()
     assert edits.cdi_device_ids == ()
     # Every driver library (the files ending in the driver version), at its host path, nothing else.
     assert edits.mounts == (
@@ -231,7 +232,8 @@ async def test_own_mode_mig_device_gets_capability_nodes(
         "/dev/nvidia-caps/nvidia-cap21",
         "/dev/nvidia-caps/nvidia-cap22",
     ]
-    assert dict(edits.env) == {"NVIDIA_VISIBLE_DEVICES": "MIG-a1000000-0001-0000-0000-000000000000"}
+    # The capability nodes select the MIG device, as in NVIDIA's DRA driver (no MIG UUID in the env).
+    assert dict(edits.env) == {"NVIDIA_VISIBLE_DEVICES": "void"}
     spec_of(edits, "uid-1-gpu-0-mig-3g40gb-9-4")
 
 
