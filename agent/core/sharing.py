@@ -17,6 +17,10 @@ share whose configuration conflicts with a peer's fails naming that peer's claim
 
 Consumable shares (backend setting ``consumable-shares``): `ConsumableShares.apply` makes a
 device shareable in the ResourceSlice (``allowMultipleAllocations`` and a ``requestPolicy``).
+With ``memory``, a CUDA device that MPS can limit (``cudaComputeCapability`` 7.0 or newer) also
+gets a ``compute`` capacity: 100 percent of its SMs, requested in whole percents (see
+`COMPUTE_POLICY` for the policy and why). `compute_share` and `memory_share` read a share's
+consumption back, checked, for the backend that enforces it (NVIDIA: MPS).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agent.core.backend import ClaimRef, ContainerEdits
 from agent.core.errors import AgentError, ConfigError
-from agent.core.model import Device, RequestPolicy
+from agent.core.model import MAX_ATTRIBUTES_AND_CAPACITIES, Device, RequestPolicy
 from agent.core.quantity import Quantity
 
 SOURCE_CLASS = "FromClass"
@@ -40,6 +44,28 @@ SHARES = "shares"
 MEMORY_STEP = Quantity.binary(1024**3)
 """Memory shares are whole GiB: small enough for inference, large enough to keep the grid short."""
 ZERO = Quantity.parse(0)
+COMPUTE = "compute"
+COMPUTE_WHOLE = 100
+"""A device's ``compute`` capacity: percent of its SMs (MPS's active-thread percentage)."""
+COMPUTE_POLICY = RequestPolicy(
+    default=ZERO,
+    min=ZERO,
+    max=Quantity.parse(COMPUTE_WHOLE),
+    step=Quantity.parse(1),
+)
+"""Whole percents from 0 to 100; a claim that asks nothing reserves none and is not capped.
+
+Zero by default so that what users already run keeps working: claims that share a GPU by memory
+alone (``capacity.requests: {memory: 20Gi}``) still pack onto one GPU after an upgrade. Such a
+claim's processes are not capped (best effort beside capped neighbours); a claim that needs SMs
+kept for it requests them (``compute: "30"``), and MPS caps it there. The API server's rules hold
+(``validation.go`` ``validateRequestPolicy``): min <= default <= max <= capacity, default and max on
+the step grid from min, min + step <= capacity."""
+COMPUTE_ATTRIBUTE = "cudaComputeCapability"
+COMPUTE_MIN_CAPABILITY = (7, 0)
+"""Volta: the first GPUs whose MPS limits a client's threads, so a compute share is enforceable."""
+PINNED_UNIT = Quantity.binary(1024 * 1024)
+"""MPS limits are whole MiB: a memory share under 1Mi cannot be expressed."""
 
 
 class DeviceConfigError(AgentError):
@@ -157,6 +183,51 @@ class SharingBackend(Protocol):
         ...
 
 
+def _allocation_where(share: DeviceShare) -> str:
+    return f"status.allocation.devices.results (device {share.device!r}, shareID {share.share_id})"
+
+
+def compute_share(share: DeviceShare) -> int | None:
+    """The share's consumed ``compute`` (whole percent, 1-100), None when it consumed none (or 0:
+    nothing reserved, no cap).
+
+    Raises `DeviceConfigError` for another value: the API server lets any quantity through in
+    ``consumedCapacity`` (dra-1.36-verified-shapes.md), and an allocation may predate the policy.
+    """
+    consumed = share.consumed.get(COMPUTE)
+    if consumed is None or consumed.value == 0:
+        return None
+    value = consumed.value
+    if value.denominator != 1 or not 1 <= value <= COMPUTE_WHOLE:
+        raise DeviceConfigError(
+            share.claim_key,
+            _allocation_where(share),
+            f"consumedCapacity.{COMPUTE}",
+            consumed.canonical(),
+            f"a whole percentage of the device's SMs from 0 to {COMPUTE_WHOLE}",
+        )
+    return int(value)
+
+
+def memory_share(share: DeviceShare) -> Quantity | None:
+    """The share's consumed ``memory``; None when it consumed none (or 0: nothing reserved, no limit).
+
+    Raises `DeviceConfigError` for a share between 0 and 1Mi (a limit MPS cannot express).
+    """
+    consumed = share.consumed.get(MEMORY)
+    if consumed is None or consumed.value == 0:
+        return None
+    if consumed.value < PINNED_UNIT.value:
+        raise DeviceConfigError(
+            share.claim_key,
+            _allocation_where(share),
+            f"consumedCapacity.{MEMORY}",
+            consumed.canonical(),
+            "0 or at least 1Mi (limits are whole MiB)",
+        )
+    return consumed
+
+
 def merge_edits(first: ContainerEdits, second: ContainerEdits) -> ContainerEdits:
     """A device's edits plus its share's (MPS pipe, limits): lists joined, `first` wins on a variable."""
     return ContainerEdits(
@@ -193,10 +264,13 @@ class ConsumableShares:
 
     ``disabled`` (default): exclusive devices. ``memory``: shareable; the ``memory`` capacity has
     a request policy of whole GiB (default 1Gi, from 1Gi up to the capacity rounded down to a
-    GiB), so the scheduler hands out memory shares. ``unlimited``: shareable; every capacity
-    defaults to 0, so any number of claims fit. ``<N>``: shareable by at most N claims, through a
-    ``shares`` capacity of N with a policy of 1 (capacities other than ``memory``/``shares``
-    default to 0 in every mode, so an omitted request never takes the whole device).
+    GiB), so the scheduler hands out memory shares, and a CUDA device MPS can limit gets a
+    ``compute`` capacity of 100 (`COMPUTE_POLICY`: whole percents, default 0: not reserved, not capped).
+    ``unlimited``: shareable; every capacity defaults to 0, so any number of claims fit. ``<N>``:
+    shareable by at most N claims, through a ``shares`` capacity of N with a policy of 1
+    (capacities other than ``memory``/``shares``/``compute`` default to 0 in every mode, so an
+    omitted request never takes the whole device; ``compute`` does on purpose, see
+    `COMPUTE_POLICY`).
     """
 
     mode: SharesMode = SharesMode.DISABLED
@@ -236,9 +310,22 @@ class ConsumableShares:
             steps = int((memory.value - MEMORY_STEP.value) // MEMORY_STEP.value)
             top = Quantity(MEMORY_STEP.value * (steps + 1), "BinarySI")
             policies[MEMORY] = RequestPolicy(default=MEMORY_STEP, min=MEMORY_STEP, max=top, step=MEMORY_STEP)
+            if _compute_limitable(device) and COMPUTE not in capacity:
+                capacity[COMPUTE] = Quantity.parse(COMPUTE_WHOLE)
+                policies[COMPUTE] = COMPUTE_POLICY
         elif self.mode is SharesMode.COUNT:
             count = Quantity(Fraction(self.count), "DecimalSI")
             one = Quantity.parse(1)
             capacity[SHARES] = count
             policies[SHARES] = RequestPolicy(default=one, min=one, max=count, step=one)
         return replace(device, capacity=capacity, allow_multiple_allocations=True, request_policies=policies)
+
+
+def _compute_limitable(device: Device) -> bool:
+    """A CUDA device whose MPS limits threads (Volta or newer), with room for one more capacity."""
+    parts = str(device.attributes.get(COMPUTE_ATTRIBUTE, "")).split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        return False
+    if len(device.attributes) + len(device.capacity) >= MAX_ATTRIBUTES_AND_CAPACITIES:
+        return False  # the API server's limit per device: keep it publishable, without compute
+    return (int(parts[0]), int(parts[1])) >= COMPUTE_MIN_CAPABILITY

@@ -11,15 +11,20 @@ through the control program, as NVIDIA's driver does.
 
 Clients get the pipe directory mounted at ``/tmp/nvidia-mps`` with ``CUDA_MPS_PIPE_DIRECTORY``
 pointing at it (what NVIDIA's driver injects); a memory share also gets
-``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for its device. `MpsProgram` is the seam: the real control
-program here, a small Python stand-in in the fake backend.
+``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` for its device and a compute share
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (`backends.nvidia.sharing` decides which, and when the
+claim's config wins). `MpsProgram` is the seam: the real control program here, a small Python
+stand-in in the fake backend.
 
 Shared memory: MPS clients and the server exchange POSIX shared memory through ``/dev/shm``.
 NVIDIA's DRA driver mounts a dedicated tmpfs as the daemon container's ``/dev/shm`` and the same
 tmpfs at ``/dev/shm`` in every client container. We give each daemon a ``shm/`` directory (a
 tmpfs when the agent may mount one, CAP_SYS_ADMIN; else a plain directory, logged once per
 daemon start) and mount it at ``/dev/shm`` in each of its clients, so one daemon's clients share
-one ``/dev/shm`` and clients of different daemons never see each other's. The daemon is a child
+one ``/dev/shm`` and clients of different daemons never see each other's. Mounted or not, the
+directory is ``1777`` like ``/dev/shm`` itself (the tmpfs is mounted ``mode=1777`` and the
+directory is chmod-ed after creation, whatever the umask), so a client container running as
+any uid can create its segments there. The daemon is a child
 process, not a container: when the tmpfs is mounted (so the agent may mount) and ``unshare`` is
 installed, the daemon starts in a mount namespace of its own with that tmpfs bound over its
 ``/dev/shm`` (``unshare --mount`` execs in place, so the recorded pid is the daemon's); otherwise
@@ -59,6 +64,7 @@ CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 PINNED_LIMIT_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ACTIVE_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 RECORD = "daemon.json"
 STOP_TIMEOUT = 10.0
 START_TIMEOUT = 30.0
@@ -69,7 +75,9 @@ CONTAINER_SHM_DIR = "/dev/shm"
 SHM_ENV = "DRA_AGENT_MPS_SHM_DIRECTORY"
 """The daemon's shared-memory directory, in its environment (see the module's docstring)."""
 SHM_SUBDIR = "shm"
-TMPFS_OPTIONS = "rw,nosuid,nodev,mode=1777"
+SHM_MODE = 0o1777
+"""World-writable and sticky, as ``/dev/shm``: clients run as any uid, none removes another's files."""
+TMPFS_OPTIONS = f"rw,nosuid,nodev,mode={SHM_MODE:o}"
 
 
 def megabytes(quantity: Quantity) -> str:
@@ -350,6 +358,15 @@ class MpsDaemons:
         else:
             argv = self.shm.wrap(argv, base / SHM_SUBDIR)
         try:
+            # mkdir's mode is cut by the umask (0755 as root): clients of any uid must create segments.
+            os.chmod(base / SHM_SUBDIR, SHM_MODE)
+        except OSError as error:
+            self._remove(device)
+            raise BackendError(
+                f"cannot make the MPS shared-memory directory {base / SHM_SUBDIR} writable by every "
+                f"client uid: {error}"
+            ) from error
+        try:
             with (base / "log" / "agent-launch.log").open("ab") as out:
                 child = subprocess.Popen(
                     argv,
@@ -389,12 +406,16 @@ class MpsDaemons:
                 await anyio.to_thread.run_sync(child.wait)
         await anyio.to_thread.run_sync(self._remove, device)
 
-    def edits(self, device: str, uuid: str, pinned: Quantity | None) -> ContainerEdits:
-        """A client's edits: the pipe and shared-memory directories, the pipe variable and the share's
-        pinned-memory limit."""
+    def edits(
+        self, device: str, uuid: str, pinned: Quantity | None, active_threads: int | None = None
+    ) -> ContainerEdits:
+        """A client's edits: the pipe and shared-memory directories, the pipe variable, the share's
+        pinned-memory limit and its active-thread percentage (None: the daemon's default applies)."""
         env = {PIPE_ENV: CONTAINER_PIPE_DIR}
         if pinned is not None:
             env[PINNED_LIMIT_ENV] = f"{uuid}={megabytes(pinned)}"
+        if active_threads is not None:
+            env[ACTIVE_THREADS_ENV] = str(active_threads)
         return ContainerEdits(
             env=env,
             list_env=frozenset({PINNED_LIMIT_ENV}) if pinned is not None else frozenset(),

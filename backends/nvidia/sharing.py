@@ -9,9 +9,19 @@ and its peers (the device's other prepared shares, from the checkpoint):
   ``nvidia-smi compute-policy --set-timeslice``, as NVIDIA's driver does); the last restores the
   default interval;
 - the first MPS share starts the device's control daemon (`backends.nvidia.mps`), the last stops
-  it; each MPS share gets the pipe directory, and a share with ``consumedCapacity.memory``
-  (``consumable-shares=memory``) gets that much as its pinned-device-memory limit, so the
-  scheduler's bookkeeping is enforced on the GPU.
+  it; each MPS share gets the pipe directory, and with ``consumable-shares=memory`` its
+  ``consumedCapacity`` is enforced by MPS itself: ``memory`` becomes the client's
+  ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` and ``compute`` its ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``.
+
+Which wins, per variable: where the claim's GpuConfig sets a daemon default itself
+(``mpsConfig.defaultActiveThreadPercentage``; ``defaultPinnedDeviceMemoryLimit`` or a
+``defaultPerDevicePinnedMemoryLimit`` entry for the device), that default applies to every client
+of the device and the share's consumed value is not set (all shares of a device carry the same
+defaults, see `_compatible`); where it does not, the share's consumed value is the client's
+variable. A compute share below 100 needs MPS (nothing else can cap it): without it the claim
+fails, as does a consumed compute that is not a whole percentage from 1 to 100. These checks run
+before anything is applied, and as part of reading a share (`_parse_or_none`), so the rollback of
+a refused share undoes nothing either.
 
 A claim without configuration uses the device as is (no set-up); it conflicts with MPS shares
 only (its processes would not go through the daemon). The checkpoint records each share's
@@ -34,7 +44,16 @@ from agent.core.backend import ContainerEdits
 from agent.core.errors import BackendError, DeviceNotFoundError
 from agent.core.logs import log_fields
 from agent.core.model import AttributeValue
-from agent.core.sharing import MEMORY, DeviceConfigError, DeviceShare, share_conflict
+from agent.core.quantity import Quantity
+from agent.core.sharing import (
+    COMPUTE,
+    COMPUTE_WHOLE,
+    DeviceConfigError,
+    DeviceShare,
+    compute_share,
+    memory_share,
+    share_conflict,
+)
 from backends.nvidia.driverfiles import ProgramLocator, on_path
 from backends.nvidia.mps import MpsDaemons, stop_unneeded
 from backends.nvidia.sharingconfig import (
@@ -134,7 +153,7 @@ class NvSharingManager:
 
     async def prepare(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> ContainerEdits:
         """Check, set the device up if this is its first share of the kind, return the share's edits."""
-        mine = self._parse(share)
+        mine = self._checked(share)
         facts = self._facts(share.device)
         self._check_device(share, mine, facts)
         theirs = [(peer, self._parse(peer)) for peer in peers]
@@ -145,10 +164,54 @@ class NvSharingManager:
             await self.policy.set_interval(facts.uuid, INTERVALS[mine.interval])
             log.info("time-slicing set", extra=log_fields(device=share.device, interval=mine.interval))
         if mine.strategy == MPS:
+            pinned, threads = self._client_limits(share, mine, facts.uuid)
             await self._start_mps(share.device, facts, mine)
-            memory = share.consumed.get(MEMORY)
-            return self.daemons.edits(share.device, facts.uuid, memory)
+            return self.daemons.edits(share.device, facts.uuid, pinned, threads)
         return ContainerEdits()
+
+    def _checked(self, share: DeviceShare) -> NvSharing:
+        """The share's sharing, with its consumed capacity checked against it (`DeviceConfigError`)."""
+        mine = self._parse(share)
+        compute = compute_share(share)
+        memory_share(share)
+        if compute is not None and compute < COMPUTE_WHOLE and mine.strategy != MPS:
+            where = (
+                share.config.where
+                if share.config is not None
+                else "status.allocation.devices.config (no entry of this driver applies to the device)"
+            )
+            raise DeviceConfigError(
+                share.claim_key,
+                where,
+                "sharing.strategy",
+                None if mine.strategy == EXCLUSIVE_USE.strategy else mine.strategy,
+                f"MPS for a compute share: the claim consumed {COMPUTE} {compute} of device "
+                f"{share.device!r} and only MPS caps a claim's SMs "
+                f"(or request no compute, or {COMPUTE_WHOLE})",
+            )
+        return mine
+
+    @staticmethod
+    def _client_limits(share: DeviceShare, mine: NvSharing, uuid: str) -> tuple[Quantity | None, int | None]:
+        """The client's pinned-memory limit and thread percentage: the share's, unless the config's
+        daemon defaults set them (then those apply to every client, and the share's are not set)."""
+        pinned, threads = memory_share(share), compute_share(share)
+        overridden = []
+        default_pinned = mine.mps.pinned_for(uuid)
+        if pinned is not None and default_pinned is not None:
+            overridden.append(f"memory {pinned.canonical()} (config: {default_pinned.canonical()})")
+            pinned = None
+        if threads is not None and mine.mps.active_thread_percentage is not None:
+            overridden.append(f"compute {threads} (config: {mine.mps.active_thread_percentage})")
+            threads = None
+        if overridden:
+            log.info(
+                "the claim's MPS defaults win over its share's consumed capacity",
+                extra=log_fields(
+                    claim=share.claim_key, device=share.device, overridden=", ".join(overridden)
+                ),
+            )
+        return pinned, threads
 
     async def unprepare(self, share: DeviceShare, peers: Sequence[DeviceShare]) -> None:
         """Tear the device's set-up down when no remaining share needs it."""
@@ -211,7 +274,7 @@ class NvSharingManager:
 
     def _parse_or_none(self, share: DeviceShare) -> NvSharing | None:
         try:
-            return self._parse(share)
+            return self._checked(share)
         except DeviceConfigError:
             return None  # never applied: nothing to undo
 

@@ -48,6 +48,7 @@ def claim(
     driver: str = NVIDIA,
     share_id: str | None = None,
     memory: str | None = None,
+    compute: str | None = None,
     config: Mapping[str, Any] | None = None,
     class_config: Mapping[str, Any] | None = None,
     config_requests: Sequence[str] = (),
@@ -56,8 +57,9 @@ def claim(
     result: dict[str, Any] = {"request": "gpu", "driver": driver, "pool": NODE, "device": device}
     if share_id:
         result["shareID"] = share_id
-    if memory:
-        result["consumedCapacity"] = {"memory": memory}
+    consumed = {k: v for k, v in (("memory", memory), ("compute", compute)) if v is not None}
+    if consumed:
+        result["consumedCapacity"] = consumed
     configs = []
     spec: dict[str, Any] = {
         "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]}
@@ -143,6 +145,12 @@ def alive(pid: int) -> bool:
 def kill_quietly(pid: int | None) -> None:
     if pid is not None and alive(pid):
         os.kill(pid, 9)
+
+
+def compute_modes(root: Path) -> dict[str, str]:
+    """UUID -> compute mode as the fake GPU policy last set it (empty: never changed)."""
+    path = root / "state" / "fake-sharing" / NVIDIA / "compute-mode.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def intervals(root: Path) -> dict[str, int]:

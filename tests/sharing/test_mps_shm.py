@@ -9,14 +9,20 @@ told to the daemon in its environment and mounted at ``/dev/shm`` in each client
 from __future__ import annotations
 
 import logging
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
 import yaml
 
 from backends.fake.sharing import FakeMpsProgram
-from backends.nvidia.mps import SHM_ENV, MpsDaemons, TmpfsMounter
+from backends.nvidia.mps import SHM_ENV, MpsDaemons, NoMounter, ShmMounter, TmpfsMounter
 from backends.nvidia.sharingconfig import MpsSettings
 from tests.kubelet.fakes import FakeClaimSource
 from tests.sharing.helpers import (
@@ -137,3 +143,72 @@ def test_without_unshare_the_daemon_is_started_as_is_and_it_is_said(
         argv = TmpfsMounter().wrap(["mps", "-f"], Path("/s/shm"))
     assert argv == ["mps", "-f"]
     assert any("unshare not found" in r.getMessage() for r in caplog.records)
+
+
+CLIENT_UID = 1000
+AS_CLIENT = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)  # as root: the container sees only this directory
+os.setgroups([])
+os.setresgid({uid}, {uid}, {uid})
+os.setresuid({uid}, {uid}, {uid})
+assert os.geteuid() == {uid}
+try:
+    os.close(os.open("segment-{uid}", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+except OSError as error:
+    sys.exit(f"uid {uid}: {{error}}")
+"""
+
+
+def create_as(uid: int, directory: Path) -> subprocess.CompletedProcess[str]:
+    """A child that drops to `uid` (as a container's non-root user) and creates a file in `directory`.
+
+    It opens `directory` before dropping root, as a bind mount hands a container the directory
+    without the host path above it (pytest's base temp dir is 0700)."""
+    return subprocess.run(
+        [sys.executable, "-c", AS_CLIENT.format(uid=uid), str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+@pytest.fixture
+def strict_umask() -> Iterator[None]:
+    """The agent may run with any umask: 077 makes a plain mkdir 0700."""
+    old = os.umask(0o077)
+    yield
+    os.umask(old)
+
+
+def _tmpfs_or_skip(path: Path) -> ShmMounter:
+    path.mkdir()
+    mounter = TmpfsMounter()
+    if reason := mounter.mount(path):
+        pytest.skip(f"cannot mount a tmpfs here: {reason}")
+    mounter.unmount(path)
+    return mounter
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root")
+@pytest.mark.parametrize("mounted", [False, True], ids=["plain-directory", "tmpfs"])
+async def test_a_non_root_client_can_create_shared_memory(
+    tmp_path: Path, strict_umask: None, mounted: bool
+) -> None:
+    """Issue 24 point 5: a container running as uid 1000 could not create /dev/shm segments."""
+    mounter: ShmMounter = _tmpfs_or_skip(tmp_path / "probe") if mounted else NoMounter()
+    daemons = MpsDaemons(tmp_path / "mps", FakeMpsProgram(), mounter)
+    assert await daemons.ensure("gpu-0", "GPU-1", MpsSettings())
+    shm = daemons.directory("gpu-0") / "shm"
+    try:
+        assert await anyio.to_thread.run_sync(os.path.ismount, shm) is mounted
+        made = create_as(CLIENT_UID, shm)
+        assert made.returncode == 0, made.stderr
+        assert stat.S_IMODE(shm.stat().st_mode) == 0o1777, "world-writable and sticky, as /dev/shm"
+        assert (shm / f"segment-{CLIENT_UID}").stat().st_uid == CLIENT_UID
+        other = create_as(CLIENT_UID + 1, shm)  # a second client uid of the same daemon
+        assert other.returncode == 0, other.stderr
+    finally:
+        await daemons.stop("gpu-0")
+    assert not daemons.directory("gpu-0").exists()

@@ -15,6 +15,7 @@ from pathlib import Path
 import anyio
 
 from agent.claims.cdi import qualified_device_id
+from backends.amd.sharingconfig import API_VERSION as AMD_API_VERSION
 from tests.kubelet.fakes import FakeClaimSource
 from tests.sharing.helpers import (
     GPU0_UUID,
@@ -160,13 +161,13 @@ async def test_guide_claims_translated_to_v1_prepare(tmp_path: Path) -> None:
     assert daemon_state(tmp_path) is None
 
 
-async def test_amd_claim_that_must_run_alone_conflicts_with_a_share(tmp_path: Path) -> None:
-    alone = {"apiVersion": "gpu.amd.com/v1alpha1", "kind": "GpuConfig", "sharing": {"enabled": False}}
+async def test_amd_shares_with_and_without_a_config_share_a_device(tmp_path: Path) -> None:
+    """AMD's GpuConfig sets nothing up (``backends.amd.sharingconfig``): shares never conflict."""
+    amd = {"apiVersion": AMD_API_VERSION, "kind": "GpuConfig"}
     c1 = claim(1, driver="gpu.amd.com", device="gpu-1-128", share_id=share(1), memory="16Gi")
-    c2 = claim(2, driver="gpu.amd.com", device="gpu-1-128", share_id=share(2), memory="16Gi", config=alone)
+    c2 = claim(2, driver="gpu.amd.com", device="gpu-1-128", share_id=share(2), memory="16Gi", config=amd)
     backend = fake_backend(tmp_path, profile="amd-mi300x-8x")
     state = device_state(tmp_path, FakeClaimSource([c1, c2]), backend)
     await state.start()
     assert (await state.prepare([ref(c1)]))[uid(1)].error == ""
-    error = (await state.prepare([ref(c2)]))[uid(2)].error
-    assert "claim default/claim-1" in error and "the device to itself" in error
+    assert (await state.prepare([ref(c2)]))[uid(2)].error == ""

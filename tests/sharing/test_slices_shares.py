@@ -20,6 +20,7 @@ from agent.core.quantity import Quantity
 from agent.core.sharing import ConsumableShares
 from agent.emulator import KubeApiEmulator
 from agent.kube.slices import build_slice, device_to_api, semantic_device
+from tests.sharing.allocator import allocate
 from tests.sharing.helpers import NODE, fake_backend
 
 GI = 1024**3
@@ -89,6 +90,12 @@ async def test_two_memory_claims_fit_on_one_gpu(tmp_path: Path) -> None:
     assert first is not None and second is not None and first + second <= capacity
     assert consumed(memory["requestPolicy"], capacity, None) == GI, "an omitted request must not take the GPU"
     assert consumed(memory["requestPolicy"], capacity, 81 * GI) is None
+    # Every capacity is consumed: with compute shares too (an omitted compute takes the whole GPU,
+    # see test_compute_shares), the two claims fit side by side.
+    assert allocate(device, [{"memory": "20Gi", "compute": "50"}, {"memory": "24.5Gi", "compute": "50"}]) == [
+        True,
+        True,
+    ]
 
 
 async def test_count_shares_and_unlimited(tmp_path: Path) -> None:
