@@ -7,7 +7,8 @@ until its taint is in the emulator's ResourceSlice: an XID event (the event wait
 uncorrectable ECC counter rise with no event (the next health pass), and a GPU lost with no event
 (the next pass). The fault is injected at a random moment of the pass cycle, as real faults are.
 
-Run: ``python -m benchmarks.health_latency_bench`` (``--rounds N``, default 8 per kind).
+Run: ``python -m benchmarks.health_latency_bench`` (``--rounds N``, default 8 per kind;
+``--quick``: 2).
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ async def measure(rounds: int) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="2 rounds")
     args = parser.parse_args()
-    results = anyio.run(measure, args.rounds)
+    results = anyio.run(measure, 2 if args.quick else args.rounds)
     print(f"{'fault -> taint in the API server':34} {'n':>3} {'p50':>9} {'mean':>9} {'max':>9}")
     print("-" * 68)
     for kind, samples in results.items():

@@ -24,6 +24,8 @@ BENCHMARKS = [
     ("benchmarks.nvidia_bench", True),
     ("benchmarks.amd_bench", False),
     ("benchmarks.dynamic_mig_bench", True),
+    ("benchmarks.health_pass_bench", True),
+    ("benchmarks.health_latency_bench", True),
 ]
 
 
