@@ -2,7 +2,7 @@
 
 It serves core/v1 nodes, namespaces and events, events.k8s.io/v1 events and resource.k8s.io
 resourceslices, resourceclaims (with ``status``), resourceclaimtemplates, deviceclasses and
-devicetaintrules over real HTTP, with the versions a chosen Kubernetes release (1.32 to 1.36)
+devicetaintrules over real HTTP, with the versions a chosen Kubernetes release (1.32 to 1.37)
 serves, the apiserver's validation rules and messages, strict decoding, dry runs, server-side apply,
 resourceVersions, watches, feature gates (with each release's defaults) and fault injection::
 

@@ -8,6 +8,7 @@ import signal
 
 import anyio
 
+from agent.emulator.registry import check_gate
 from agent.emulator.resources import SUPPORTED_RELEASES
 from agent.emulator.server import KubeApiEmulator
 
@@ -60,7 +61,13 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point."""
     logging.basicConfig(level=logging.INFO)
-    anyio.run(_serve, _parse(argv))
+    args = _parse(argv)
+    for name, enabled in _gates(args.feature_gate).items():
+        try:
+            check_gate(args.version if args.version != "none" else "1.34", name, enabled)
+        except ValueError as error:  # kube-apiserver refuses to start with a locked gate changed
+            raise SystemExit(f"--feature-gate {name}: {error}") from None
+    anyio.run(_serve, args)
 
 
 if __name__ == "__main__":

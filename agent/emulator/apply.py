@@ -4,15 +4,23 @@ What is emulated, after upstream ``staging/src/k8s.io/apiserver/pkg/endpoints/ha
 (``applyPatcher``) and ``.../fieldmanager``: ``fieldManager`` is required; applying to a missing
 object creates it (201); each applier's fields are recorded in ``metadata.managedFields``
 (operation ``Apply``, ``FieldsV1``); a field the applier owned and no longer sends is removed
-unless another applier owns it; a field another applier owns with a different value is a 409
+unless another manager owns it; a field another manager owns with a different value is a 409
 ``Conflict`` unless ``force=true``, which takes it over. Maps merge key by key; every list is
 atomic (all resource.k8s.io lists are ``listType=atomic``; ``ownerReferences`` and ``finalizers``,
-which upstream merges by key, are treated as atomic too). Writers that use create, update or
-other patches are not recorded as managers, so they never conflict with an applier.
+which upstream merges by key, are treated as atomic too).
+
+Writers that create, update or patch otherwise are ``Update`` managers (structured-merge-diff
+``Updater.Update``): they own the fields they changed, taken from every other manager, so an
+applier that later changes one of them conflicts with them (``conflict with "m" using <apiVersion>``,
+upstream ``managedfields/internal/conflict.go``). Before merging, an apply body is checked as
+upstream's managers do: its kind and apiVersion (``versioncheck.go``: 400 ``invalid object type``),
+no ``metadata.managedFields`` (``structuredmerge.go``: 400), and no field outside the schema
+(``ObjectToTyped``: a plain error, so a 500 without a reason).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +64,7 @@ def owned_by_config(config: JSON, subresource: str) -> set[Path]:
     paths = {
         p
         for p in leaf_paths(config)
-        if p not in _IDENTITY and not (p[0] == "metadata" and len(p) > 1 and p[1] in _SERVER_META)
+        if p and p not in _IDENTITY and not (p[0] == "metadata" and len(p) > 1 and p[1] in _SERVER_META)
     }
     if subresource == "status":
         return {p for p in paths if p[0] == "status"}
@@ -123,6 +131,43 @@ def _merge(target: JSON, config: JSON) -> None:
             target[key] = clone(value)
 
 
+def manager_key(entry: JSON) -> tuple[str, str, str, str]:
+    """``BuildManagerIdentifier``: manager, operation, subresource, and apiVersion for updaters."""
+    operation = str(entry.get("operation", ""))
+    version = str(entry.get("apiVersion", "")) if operation == "Update" else ""
+    return (str(entry.get("manager", "")), operation, str(entry.get("subresource", "")), version)
+
+
+def print_manager(entry: JSON) -> str:
+    """``printManager`` of upstream ``conflict.go`` (identifiers carry no time)."""
+    text = json.dumps(str(entry.get("manager", "")))
+    if entry.get("subresource"):
+        text += f" with subresource {json.dumps(str(entry['subresource']))}"
+    if entry.get("operation") == "Update":
+        text += f" using {entry.get('apiVersion', '')}"
+    return text
+
+
+def check_config(config: JSON, api_version: str, kind: str) -> None:
+    """The apply body checks that come before any merge (upstream manager chain order)."""
+    if config.get("apiVersion") != api_version or config.get("kind") != kind:
+        group, _, version = str(config.get("apiVersion") or "").rpartition("/")
+        raise ApiError(400, f"invalid object type: {group}/{version}, Kind={config.get('kind') or ''}")
+    meta = config.get("metadata")
+    if isinstance(meta, dict) and isinstance(meta.get("managedFields"), list):
+        raise ApiError(400, "metadata.managedFields must be nil")
+
+
+def schema_error(unknown: list[str], api_version: str, kind: str) -> ApiError:
+    """``failed to create typed patch object``: a plain Go error, answered 500 without a reason."""
+    group, _, version = api_version.rpartition("/")
+    problems = [f".{path}: field not declared in schema" for path in unknown]
+    text = problems[0] if len(problems) == 1 else "errors:\n" + "\n".join(f"  {p}" for p in problems)
+    error = ApiError(500, f"failed to create typed patch object ({group}/{version}, Kind={kind}): {text}")
+    error.reason = ""  # metav1.StatusReasonUnknown
+    return error
+
+
 def apply(
     current: JSON,
     config: JSON,
@@ -136,19 +181,18 @@ def apply(
     """Apply ``config`` from ``manager`` to ``current`` (both in the served version)."""
     managed = [clone(m) for m in (current.get("metadata") or {}).get("managedFields") or []]
     mine = owned_by_config(config, subresource)
-    previous = next(
-        (m for m in managed if m.get("manager") == manager and m.get("operation") == "Apply"), None
-    )
+    me = {"manager": manager, "operation": "Apply", **({"subresource": subresource} if subresource else {})}
+    previous = next((m for m in managed if manager_key(m) == manager_key(me)), None)
     owned_before = paths_of(previous.get("fieldsV1")) if previous else set()
     others = [m for m in managed if m is not previous]
-    conflicts: list[tuple[str, Path]] = []
+    conflicts: list[tuple[JSON, Path]] = []
     for entry in others:
         theirs = paths_of(entry.get("fieldsV1"))
         clashing = {
             t for t in theirs for p in mine if _overlaps(p, t) and _get(current, t) != _get(config, t)
         }
         if clashing and not force:
-            conflicts += [(str(entry.get("manager")), t) for t in sorted(clashing)]
+            conflicts += [(entry, t) for t in sorted(clashing)]
         elif clashing:
             entry["fieldsV1"] = fields_v1(theirs - clashing)
     if conflicts:
@@ -173,25 +217,94 @@ def apply(
         if subresource:
             entry["subresource"] = subresource
     result = [e for e in others if paths_of(e.get("fieldsV1"))] + [entry]
-    return Applied(merged, result)
+    return Applied(merged, sort_entries(result))
 
 
-def _conflict(conflicts: list[tuple[str, Path]]) -> ApiError:
-    shown = [(manager, "." + ".".join(path)) for manager, path in conflicts]
-    count = len(shown)
-    listed = "\n".join(f'- conflict with "{m}": {p}' for m, p in shown)
-    message = (
-        f'Apply failed with 1 conflict: conflict with "{shown[0][0]}": {shown[0][1]}'
-        if count == 1
-        else f"Apply failed with {count} conflicts: {listed}"
+def sort_entries(entries: list[JSON]) -> list[JSON]:
+    """``sortEncodedManagedFields``: by operation, time, manager, apiVersion, subresource."""
+    return sorted(
+        entries,
+        key=lambda e: (
+            str(e.get("operation", "")),
+            str(e.get("time", "")),
+            str(e.get("manager", "")),
+            str(e.get("apiVersion", "")),
+            str(e.get("subresource", "")),
+        ),
     )
+
+
+def _changed(old: JSON, new: JSON, subresource: str) -> tuple[set[Path], set[Path]]:
+    """Leaf paths set or changed by ``new`` and leaf paths it removed (``TypedValue.Compare``)."""
+    before, after = owned_by_config(old, subresource), owned_by_config(new, subresource)
+    changed = {p for p in after if p not in before or _get(old, p) != _get(new, p)}
+    removed = {p for p in before if not any(_overlaps(p, q) for q in after)}
+    return changed, removed
+
+
+def update(
+    managed: list[JSON],
+    old: JSON | None,
+    new: JSON,
+    *,
+    manager: str,
+    api_version: str,
+    subresource: str,
+    now: str,
+) -> list[JSON]:
+    """structured-merge-diff ``Updater.Update`` for a create/update/patch by ``manager``.
+
+    The fields it changes move to its ``Update`` entry (forced: an update never conflicts);
+    fields it removes leave every entry; entries left empty disappear."""
+    changed, removed = _changed(old or {}, new, subresource)
+    me = {"manager": manager, "operation": "Update", "apiVersion": api_version}
+    if subresource:
+        me["subresource"] = subresource
+    out: list[JSON] = []
+    previous: JSON | None = None
+    for raw in managed:
+        entry = clone(raw)
+        if manager_key(entry) == manager_key(me):
+            previous = entry
+            continue
+        theirs = paths_of(entry.get("fieldsV1"))
+        kept = {t for t in theirs if not any(_overlaps(t, c) for c in changed) and t not in removed}
+        if kept != theirs:
+            entry["fieldsV1"] = fields_v1(kept)
+        if kept:
+            out.append(entry)
+    mine_before = paths_of(previous.get("fieldsV1")) if previous else set()
+    mine = {p for p in mine_before if p not in removed and not any(_overlaps(p, c) for c in changed)}
+    mine |= changed
+    if mine:
+        if previous is not None and mine == mine_before and not changed:
+            out.append(previous)
+        else:
+            out.append({**me, "time": now, "fieldsType": "FieldsV1", "fieldsV1": fields_v1(mine)})
+    return sort_entries(out)
+
+
+def _conflict(conflicts: list[tuple[JSON, Path]]) -> ApiError:
+    """``NewConflictError`` of upstream ``managedfields/internal/conflict.go``."""
+    shown = [(print_manager(entry), "." + ".".join(path)) for entry, path in conflicts]
+    if len(shown) == 1:
+        message = f"Apply failed with 1 conflict: conflict with {shown[0][0]}: {shown[0][1]}"
+    else:
+        by_manager: dict[str, list[str]] = {}
+        for manager, path in shown:
+            by_manager.setdefault(manager, []).append(path)
+        lines: list[str] = []
+        for manager in sorted(by_manager):
+            lines.append(f"conflicts with {manager}:")
+            lines += [f"- {path}" for path in by_manager[manager]]
+        message = f"Apply failed with {len(shown)} conflicts: " + "\n".join(lines)
     return ApiError(
         409,
         message,
         reason="Conflict",
         details={
             "causes": [
-                {"reason": "FieldManagerConflict", "message": f'conflict with "{m}"', "field": p}
+                {"reason": "FieldManagerConflict", "message": f"conflict with {m}", "field": p}
                 for m, p in shown
             ]
         },

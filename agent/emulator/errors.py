@@ -74,6 +74,8 @@ class ApiError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+        if not self.reason:
+            del body["reason"]  # metav1.StatusReasonUnknown ("") is omitted
         if self.details:
             body["details"] = self.details
         return body

@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent.emulator import slice_rules, validation
-from agent.emulator.apply import Applied
+from agent.emulator.apply import Applied, check_config, schema_error
 from agent.emulator.apply import apply as apply_config
+from agent.emulator.apply import update as update_managed
 from agent.emulator.conversion import from_internal, to_internal
 from agent.emulator.errors import ApiError, already_exists, bad_request, conflict, gone, invalid, not_found
 from agent.emulator.patch import apply_patch
@@ -61,13 +62,63 @@ _GATES_1_36: Mapping[str, bool] = {
 }
 
 
+#: What changed in 1.37 (upstream ``pkg/features/kube_features.go``, 1.37 line): DRADeviceTaints and
+#: DRADeviceTaintRules are GA and on (DeviceTaintRule in resource.k8s.io/v1); DRAExtendedResource and
+#: DRAResourceClaimDeviceStatus are GA and locked on; DRAFractionalCapacityRange is new, beta and on;
+#: DRAWorkloadResourceClaims is beta but off; the new DRAOptionalNodeOperations,
+#: DRADerivedAttributes, DRADeviceCompatibilityGroups and DRAPartitionableDevicesType are alpha.
+_GATES_1_37: Mapping[str, bool] = {
+    "DRADeviceTaintRules": True,
+    "DRAFractionalCapacityRange": True,
+    "DRAWorkloadResourceClaims": False,
+    "DRAOptionalNodeOperations": False,
+    "DRADerivedAttributes": False,
+    "DRADeviceCompatibilityGroups": False,
+    "DRAPartitionableDevicesType": False,
+    "DRANodeAllocatableResources": False,
+}
+#: Gates a release locks to their default (``LockToDefault``): setting another value is refused, as
+#: kube-apiserver refuses to start (``cannot set feature gate X to false, feature is locked to true``).
+_LOCKED_1_37: Mapping[str, bool] = {
+    "DRAExtendedResource": True,
+    "DRAResourceClaimDeviceStatus": True,
+    "DRAPrioritizedList": True,
+    "DRAAdminAccess": True,
+}
+
+
 def default_gates(release: str) -> dict[str, bool]:
     """The feature gates a release has on by default."""
-    return {**DEFAULT_GATES, **(_GATES_1_36 if minor_of(release) >= 36 else {})}
+    minor = minor_of(release)
+    return {
+        **DEFAULT_GATES,
+        **(_GATES_1_36 if minor >= 36 else {}),
+        **(_GATES_1_37 if minor >= 37 else {}),
+    }
+
+
+def locked_gates(release: str) -> dict[str, bool]:
+    """The gates a release locks to their default value (only the 1.37 locks are emulated)."""
+    return dict(_LOCKED_1_37) if minor_of(release) >= 37 else {}
+
+
+def check_gate(release: str, name: str, enabled: bool) -> None:
+    """Refuse a locked gate set to the other value (``featuregate.Set``)."""
+    locked = locked_gates(release)
+    if name in locked and locked[name] != enabled:
+        value = "true" if enabled else "false"
+        lock = "true" if locked[name] else "false"
+        raise ValueError(f"cannot set feature gate {name} to {value}, feature is locked to {lock}")
 
 
 _PARTITIONABLE_DEVICE_FIELDS = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
 _BINDING_FIELDS = ("bindsToNode", "bindingConditions", "bindingFailureConditions")
+_NODE_ALLOCATABLE_FIELDS = ("nodeAllocatableResourceMappings", "nodeAllocatableResources")
+#: 1.37 slice spec fields and the alpha gates without which they are dropped (unless in use).
+_SPEC_GATES = {
+    "partitionTypeAttribute": "DRAPartitionableDevicesType",
+    "skipNodeOperations": "DRAOptionalNodeOperations",
+}
 
 
 def _partitionable_in_use(old_spec: Mapping[str, Any]) -> bool:
@@ -106,6 +157,8 @@ class Registry:
         self.store = store
         self.release = release
         self.dra = dra
+        for name, enabled in gates.items():
+            check_gate(release, name, enabled)
         self.gates: dict[str, bool] = {**default_gates(release), **gates}
         if release == "1.32":
             # 1.32 has no device taints at all: the field does not exist in its API.
@@ -140,7 +193,12 @@ class Registry:
             if t.group == group
             and t.served_in(version, self.release)
             and (not t.gate or self.gates.get(t.gate, False))
+            and not (t.plural == "devicetaintrules" and not self._taint_rules_served())
         ]
+
+    def _taint_rules_served(self) -> bool:
+        """From 1.37 (GA, on by default) DeviceTaintRules also follow their own gate."""
+        return minor_of(self.release) < 37 or self.gates.get("DRADeviceTaintRules", False)
 
     def type_for(self, group: str, plural: str) -> ResourceType:
         """A resource type by group and plural name (served or not)."""
@@ -170,7 +228,7 @@ class Registry:
         label_selector: str | None = None,
     ) -> tuple[builtins.list[JSON], int]:
         """Matching objects in the served version and the list's resourceVersion."""
-        match = matcher(rtype, field_selector, label_selector)
+        match = matcher(rtype, field_selector, label_selector, self.release)
         items = [
             from_internal(rtype, version, obj)
             for (ns, _), obj in self.store.items(store_key(rtype))
@@ -203,9 +261,14 @@ class Registry:
         namespace: str = "",
         dry_run: bool = False,
         managed_fields: builtins.list[JSON] | None = None,
+        manager: str | None = None,
     ) -> JSON:
-        """Create an object (generateName, uid, timestamps, defaults, validation)."""
+        """Create an object (generateName, uid, timestamps, defaults, validation).
+
+        ``manager`` (the request's fieldManager or user-agent prefix) becomes an ``Update`` entry of
+        ``metadata.managedFields`` owning every field set; None (direct calls) records nothing."""
         obj = self._decode(rtype, version, body, namespace)
+        sent_managed = _managed_base(obj["metadata"].get("managedFields"), [])
         meta = obj["metadata"]
         if meta.get("resourceVersion"):
             raise bad_request("resourceVersion should not be set on objects to be created")
@@ -219,6 +282,8 @@ class Registry:
             meta.pop(field, None)
         if managed_fields:
             meta["managedFields"] = managed_fields
+        elif sent_managed:
+            meta["managedFields"] = sent_managed
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = rfc3339(self._now())
         if rtype.has_generation:
@@ -229,6 +294,8 @@ class Registry:
             obj["status"] = {"phase": "Active"}
             obj.setdefault("spec", {"finalizers": ["kubernetes"]})
         self._prepare(rtype, obj, None)
+        if manager is not None and not managed_fields:
+            self._track(rtype, version, obj, None, managed=sent_managed, manager=manager, subresource="")
         self._validate(rtype, obj, None)
         key = self._key(rtype, obj)
         if self.store.get(store_key(rtype), key) is not None:
@@ -250,6 +317,7 @@ class Registry:
         namespace: str = "",
         subresource: str = "",
         dry_run: bool = False,
+        manager: str | None = None,
     ) -> JSON:
         """PUT: optimistic concurrency on resourceVersion; status and spec are split by subresource."""
         obj = self._decode(rtype, version, body, namespace)
@@ -263,9 +331,13 @@ class Registry:
         old = self.store.get(store_key(rtype), key)
         if old is None:
             if rtype.allow_create_on_update and not subresource:
-                return self.create(rtype, version, body, namespace=namespace, dry_run=dry_run)
+                return self.create(
+                    rtype, version, body, namespace=namespace, dry_run=dry_run, manager=manager
+                )
             raise not_found(rtype.plural, rtype.group, name)
-        return self._write_update(rtype, version, key, old, obj, subresource=subresource, dry_run=dry_run)
+        return self._write_update(
+            rtype, version, key, old, obj, subresource=subresource, dry_run=dry_run, manager=manager
+        )
 
     def patch(
         self,
@@ -278,6 +350,7 @@ class Registry:
         namespace: str = "",
         subresource: str = "",
         dry_run: bool = False,
+        manager: str | None = None,
     ) -> JSON:
         """PATCH in the served version's shape (merge, JSON patch or strategic merge)."""
         key = (namespace if rtype.namespaced else "", name)
@@ -295,7 +368,9 @@ class Registry:
             )
         obj = self._decode(rtype, version, patched, namespace)
         # A patch with a resourceVersion is conditional; the current one is implied otherwise.
-        return self._write_update(rtype, version, key, old, obj, subresource=subresource, dry_run=dry_run)
+        return self._write_update(
+            rtype, version, key, old, obj, subresource=subresource, dry_run=dry_run, manager=manager
+        )
 
     def apply(
         self,
@@ -313,7 +388,11 @@ class Registry:
         """Server-side apply (see `agent.emulator.apply`); returns the object and whether it was created."""
         if not isinstance(config, dict):
             raise bad_request("the applied configuration must be an object")
+        check_config(config, rtype.api_version(version), rtype.kind)
         config = clone(config)
+        unknown = prune_unknown(rtype, version, clone(config), minor_of(self.release))
+        if unknown:
+            raise schema_error(unknown, rtype.api_version(version), rtype.kind)
         meta = config.setdefault("metadata", {})
         if not isinstance(meta, dict) or meta.get("name", name) != name:
             raise bad_request(
@@ -351,7 +430,9 @@ class Registry:
         result = run(from_internal(rtype, version, old))
         result.obj["metadata"]["managedFields"] = result.managed_fields
         obj = self._decode(rtype, version, result.obj, namespace)
-        written = self._write_update(rtype, version, key, old, obj, subresource=subresource, dry_run=dry_run)
+        written = self._write_update(
+            rtype, version, key, old, obj, subresource=subresource, dry_run=dry_run, applied=True
+        )
         return written, False
 
     def _write_update(
@@ -364,9 +445,20 @@ class Registry:
         *,
         subresource: str,
         dry_run: bool,
+        manager: str | None = None,
+        applied: bool = False,
     ) -> JSON:
         meta = obj["metadata"]
         old_meta = old["metadata"]
+        live_managed = old_meta.get("managedFields") or []
+        # decodeLiveOrNew (managedfields/internal/fieldmanager.go): a subresource never sets them;
+        # a body without them keeps the live ones; [] or [{}] resets them.
+        if applied:
+            managed = meta.get("managedFields") or []
+        elif subresource:
+            managed = clone(live_managed)
+        else:
+            managed = _managed_base(meta.get("managedFields"), live_managed)
         name = key[1]
         rv = meta.get("resourceVersion")
         if rv and rv != old_meta["resourceVersion"]:
@@ -390,8 +482,6 @@ class Registry:
                 new["status"] = obj["status"]
             else:
                 new.pop("status", None)
-            if "managedFields" in meta:  # an apply to status records its manager too
-                new["metadata"]["managedFields"] = meta["managedFields"]
         else:
             new = obj
             for field in (
@@ -415,7 +505,12 @@ class Registry:
             ):
                 raise ApiError(422, "no new finalizers can be added if the object is being deleted")
         new["metadata"]["resourceVersion"] = old_meta["resourceVersion"]
+        new["metadata"].pop("managedFields", None)
+        if managed:
+            new["metadata"]["managedFields"] = managed
         self._prepare(rtype, new, old)
+        if manager is not None:
+            self._track(rtype, version, new, old, managed=managed, manager=manager, subresource=subresource)
         if rtype.has_generation and _spec_of(new) != _spec_of(old):
             new["metadata"]["generation"] = int(old_meta.get("generation", 1)) + 1
         self._validate(rtype, new, old)
@@ -625,6 +720,8 @@ class Registry:
             _default_requests((obj.get("spec") or {}).get("spec"))
         elif rtype.plural == "devicetaintrules":
             item = (obj.get("spec") or {}).get("taint")
+            if isinstance(item, dict):
+                _drop_empty_value(item)
             if isinstance(item, dict) and not item.get("timeAdded"):
                 item["timeAdded"] = _old_time(old, None) or rfc3339(self._now())
             elif isinstance(item, dict):
@@ -665,6 +762,9 @@ class Registry:
         if drop_partitionable:
             spec.pop("sharedCounters", None)
             spec.pop("perDeviceNodeSelection", None)
+        for field, gate_name in _SPEC_GATES.items():
+            if not gate(gate_name) and field not in old_spec:
+                spec.pop(field, None)
         for counter_set in spec.get("sharedCounters") or []:
             if isinstance(counter_set, dict):
                 _canonical_counters(counter_set.get("counters"))
@@ -681,6 +781,10 @@ class Registry:
             if drop_partitionable:
                 for field in _PARTITIONABLE_DEVICE_FIELDS:
                     device.pop(field, None)
+            if not gate("DRANodeAllocatableResources"):
+                for field in _NODE_ALLOCATABLE_FIELDS:
+                    if not in_use(field):
+                        device.pop(field, None)
             if not binding:
                 for field in _BINDING_FIELDS:
                     if not in_use(field):
@@ -709,6 +813,32 @@ class Registry:
             for item in device.get("taints") or [] if isinstance(device.get("taints"), list) else []:
                 if isinstance(item, dict):
                     item["timeAdded"] = _normalize_time(item.get("timeAdded")) or now
+                    _drop_empty_value(item)
+
+    def _track(
+        self,
+        rtype: ResourceType,
+        version: str,
+        obj: JSON,
+        old: JSON | None,
+        *,
+        managed: builtins.list[JSON],
+        manager: str,
+        subresource: str,
+    ) -> None:
+        """Record ``manager``'s changes in ``metadata.managedFields`` (operation ``Update``)."""
+        entries = update_managed(
+            managed,
+            old,
+            obj,
+            manager=manager,
+            api_version=rtype.api_version(version),
+            subresource=subresource,
+            now=rfc3339(self._now()),
+        )
+        obj["metadata"].pop("managedFields", None)
+        if entries:
+            obj["metadata"]["managedFields"] = entries
 
     def _validate(self, rtype: ResourceType, obj: JSON, old: JSON | None) -> None:
         rules = self.rules()
@@ -737,6 +867,21 @@ class Registry:
         if causes:
             name = obj["metadata"].get("name") or obj["metadata"].get("generateName", "")
             raise invalid(rtype.kind, rtype.group, name, causes)
+
+
+def _managed_base(sent: object, live: builtins.list[JSON]) -> builtins.list[JSON]:
+    """The managedFields an update starts from (upstream ``decodeLiveOrNew``)."""
+    if isinstance(sent, list) and (not sent or sent == [{}]):
+        return []
+    if isinstance(sent, list) and all(isinstance(e, dict) and e.get("manager") for e in sent):
+        return clone(sent)
+    return clone(live)
+
+
+def _drop_empty_value(taint: JSON) -> None:
+    """``DeviceTaint.Value`` is ``json:"value,omitempty"``: an empty value is not stored."""
+    if taint.get("value") == "":
+        del taint["value"]
 
 
 def _normalize_time(value: object) -> str | None:

@@ -16,9 +16,11 @@ _DRA_VERSIONS: Mapping[str, tuple[str, ...]] = {
     "1.34": ("v1", "v1beta2", "v1beta1", "v1alpha3"),
     "1.35": ("v1", "v1beta2", "v1beta1", "v1alpha3"),
     "1.36": ("v1", "v1beta2", "v1beta1", "v1alpha3"),
+    # 1.37 still serves every version (v1beta1 goes in 1.38, v1beta2 in 1.39).
+    "1.37": ("v1", "v1beta2", "v1beta1", "v1alpha3"),
 }
 SUPPORTED_RELEASES = tuple(_DRA_VERSIONS)
-_PATCH_RELEASE = {"1.32": 4, "1.33": 5, "1.34": 2, "1.35": 0, "1.36": 2}
+_PATCH_RELEASE = {"1.32": 4, "1.33": 5, "1.34": 2, "1.35": 0, "1.36": 2, "1.37": 0}
 
 _META_NAME = ("metadata.name",)
 _META_NS = ("metadata.name", "metadata.namespace")
@@ -48,6 +50,15 @@ class ResourceType:
     gate: str = ""
     #: Versions added after the resource first appeared: version -> first release serving it.
     added_in: Mapping[str, str] = field(default_factory=dict)
+    #: Field selectors added after the resource first appeared: field -> first release supporting it.
+    selectors_added_in: Mapping[str, str] = field(default_factory=dict)
+
+    def selects(self, field_name: str, release: str = "") -> bool:
+        """Whether a release supports a field selector on this resource (all releases when "")."""
+        if field_name in self.field_selectors:
+            return True
+        first = self.selectors_added_in.get(field_name)
+        return first is not None and (not release or minor_of(release) >= minor_of(first))
 
     def served_in(self, version: str, release: str) -> bool:
         """Whether a release serves this resource in a version."""
@@ -136,6 +147,8 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
         (*_META_NAME, "spec.nodeName", "spec.driver"),
         has_generation=True,
         return_deleted=True,
+        # 1.37: ResourceSliceSelectableFields adds spec.pool.name (pkg/registry/resource/resourceslice).
+        selectors_added_in={"spec.pool.name": "1.37"},
     ),
     ResourceType(
         "resourceclaims",
@@ -180,15 +193,15 @@ RESOURCE_TYPES: tuple[ResourceType, ...] = (
         "DeviceTaintRule",
         RESOURCE_GROUP,
         False,
-        ("v1beta2", "v1alpha3"),
+        ("v1", "v1beta2", "v1alpha3"),
         "v1alpha3",
         _META_NAME,
         has_status=True,
         has_generation=True,
         return_deleted=True,
         gate="DRADeviceTaints",
-        # The same shape as v1alpha3; 1.36 serves it as v1beta2 too.
-        added_in={"v1beta2": "1.36"},
+        # The same shape as v1alpha3; 1.36 serves it as v1beta2 too, 1.37 (GA) as v1.
+        added_in={"v1beta2": "1.36", "v1": "1.37"},
     ),
 )
 

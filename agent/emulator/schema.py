@@ -44,6 +44,15 @@ _DEVICE_FIELDS = frozenset(
         "allowMultipleAllocations",
     }
 )
+#: Device fields of one release only: ``DRANodeAllocatableResources`` (alpha) named the field
+#: ``nodeAllocatableResourceMappings`` in 1.36 and ``nodeAllocatableResources`` from 1.37 (the old
+#: name is unknown there).
+_DEVICE_FIELDS_BY_MINOR: dict[int, frozenset[str]] = {
+    36: frozenset({"nodeAllocatableResourceMappings"}),
+    37: frozenset({"nodeAllocatableResources"}),
+}
+#: Slice spec fields new in 1.37 (alpha: DRAPartitionableDevicesType, DRAOptionalNodeOperations).
+_SLICE_SPEC_1_37 = frozenset({"partitionTypeAttribute", "skipNodeOperations"})
 _TAINT = frozenset({"key", "value", "effect", "timeAdded"})
 _ATTRIBUTE = frozenset({"int", "bool", "string", "version"})
 #: ``DRAListTypeAttributes`` fields, new in the 1.36 API.
@@ -92,7 +101,7 @@ def prune_unknown(rtype: ResourceType, version: str, body: JSON, minor: int = 35
     spec = body.get("spec")
     if not isinstance(spec, dict):
         return unknown
-    _prune(spec, _SLICE_SPEC, "spec.", unknown)
+    _prune(spec, _SLICE_SPEC | (_SLICE_SPEC_1_37 if minor >= 37 else frozenset()), "spec.", unknown)
     if isinstance(spec.get("pool"), dict):
         _prune(spec["pool"], _POOL, "spec.pool.", unknown)
     counter_sets = spec.get("sharedCounters")
@@ -100,6 +109,7 @@ def prune_unknown(rtype: ResourceType, version: str, body: JSON, minor: int = 35
         if isinstance(counter_set, dict):
             _prune_counters(counter_set, _COUNTER_SET, f"spec.sharedCounters[{i}].", unknown)
     attribute_fields = _ATTRIBUTE | _LIST_ATTRIBUTE if minor >= 36 else _ATTRIBUTE
+    device_fields = _DEVICE_FIELDS | _DEVICE_FIELDS_BY_MINOR.get(min(minor, 37), frozenset())
     devices = spec.get("devices")
     for i, device in enumerate(devices if isinstance(devices, list) else []):
         if not isinstance(device, dict):
@@ -110,12 +120,12 @@ def prune_unknown(rtype: ResourceType, version: str, body: JSON, minor: int = 35
             fields = device.get("basic")
             path += "basic."
         else:
-            _prune(device, _DEVICE_FIELDS | {"name"}, path, unknown)
+            _prune(device, device_fields | {"name"}, path, unknown)
             fields = device
         if not isinstance(fields, dict):
             continue
         if fields is not device:
-            _prune(fields, _DEVICE_FIELDS, path, unknown)
+            _prune(fields, device_fields, path, unknown)
         for name, attribute in _map(fields.get("attributes")):
             if isinstance(attribute, dict):
                 _prune(attribute, attribute_fields, f"{path}attributes.{name}.", unknown)

@@ -46,7 +46,7 @@ class LabelTerm:
         return not present or value not in self.values
 
 
-def parse_field_selector(text: str, rtype: ResourceType) -> tuple[FieldTerm, ...]:
+def parse_field_selector(text: str, rtype: ResourceType, release: str = "") -> tuple[FieldTerm, ...]:
     """Parse a field selector; a field the resource does not support is a 400 as in the apiserver."""
     terms: list[FieldTerm] = []
     for raw in _split(text):
@@ -60,7 +60,7 @@ def parse_field_selector(text: str, rtype: ResourceType) -> tuple[FieldTerm, ...
         else:
             raise bad_request(f"invalid selector: '{text}'; can't understand '{part}'")
         key = key.strip()
-        if key not in rtype.field_selectors:
+        if not rtype.selects(key, release):
             raise bad_request(f"field label not supported: {key}")
         terms.append(FieldTerm(key, value.strip(), op == "!="))
     return tuple(terms)
@@ -119,10 +119,11 @@ def _split(text: str) -> list[str]:
 
 
 def matcher(
-    rtype: ResourceType, field_selector: str | None, label_selector: str | None
+    rtype: ResourceType, field_selector: str | None, label_selector: str | None, release: str = ""
 ) -> Callable[[Mapping[str, Any]], bool]:
-    """A predicate for objects matching both selectors; raises `ApiError` 400 on a bad selector."""
-    fields = parse_field_selector(field_selector, rtype) if field_selector else ()
+    """A predicate for objects matching both selectors; raises `ApiError` 400 on a bad selector
+    (``release`` decides the field selectors added later; "" accepts them all)."""
+    fields = parse_field_selector(field_selector, rtype, release) if field_selector else ()
     labels = parse_label_selector(label_selector) if label_selector else ()
 
     def match(obj: Mapping[str, Any]) -> bool:

@@ -26,7 +26,8 @@ from aiohttp import web
 from agent.emulator.errors import ApiError, bad_request, gone
 from agent.emulator.faults import Faults
 from agent.emulator.patch import APPLY
-from agent.emulator.registry import Registry, rfc3339, store_key
+from agent.emulator.registry import Registry, check_gate, rfc3339, store_key
+from agent.emulator.requestlog import RequestLog
 from agent.emulator.resources import (
     EVENTS_GROUP,
     RESOURCE_GROUP,
@@ -100,6 +101,8 @@ class KubeApiEmulator:
         self.faults._on_drop_watches = self._drop_watches
         self.writes: Counter[tuple[str, str]] = Counter()
         self.requests: Counter[tuple[str, str]] = Counter()
+        self.request_log = RequestLog()
+        """Every request answered, with its time and client (`agent.emulator.requestlog`)."""
         self._host = host
         self._port = port
         self._bookmark_interval = bookmark_interval
@@ -320,7 +323,9 @@ class KubeApiEmulator:
         return str(self.create("nodes", node)["metadata"]["uid"])
 
     def set_feature_gate(self, name: str, enabled: bool) -> None:
-        """Turn a simulated feature gate on or off (takes effect on the next request)."""
+        """Turn a simulated feature gate on or off (takes effect on the next request); a gate the
+        release locks to its default raises ValueError."""
+        check_gate(self.version, name, enabled)
         self.registry.gates[name] = enabled
 
     @property
@@ -353,6 +358,7 @@ class KubeApiEmulator:
             if request.transport is not None:
                 request.transport.abort()  # connection reset, as a dead apiserver behind a proxy
             raise web.HTTPServiceUnavailable()
+        self.request_log.record(request.method, request.path, request.query, request.headers)
         if self.faults.latency > 0:
             await anyio.sleep(self.faults.latency)
         try:
@@ -512,6 +518,7 @@ class KubeApiEmulator:
                 f"fieldValidation parameter unsupported: {mode}. Supported values are: Ignore, Warn, Strict"
             )
         dry_run = _dry_run(verb, query.getall("dryRun", []))
+        _check_options(verb, query, _media(request) == APPLY)
         body, duplicates = await self._body(request, required=verb in ("create", "update", "patch"))
         call = _Call(rtype, version, verb, namespace, name, subresource, dry_run, body)
         # The registry is synchronous: no other request runs between setting the mode and reading warnings.
@@ -547,7 +554,12 @@ class KubeApiEmulator:
             return _json(self._list_body(rtype, version, items))
         if call.verb == "create":
             created = self.registry.create(
-                rtype, version, call.body, namespace=namespace, dry_run=call.dry_run
+                rtype,
+                version,
+                call.body,
+                namespace=namespace,
+                dry_run=call.dry_run,
+                manager=_manager(request),
             )
             return _json(created, 201)
         if call.verb == "update":
@@ -560,14 +572,11 @@ class KubeApiEmulator:
                     namespace=namespace,
                     subresource=call.subresource,
                     dry_run=call.dry_run,
+                    manager=_manager(request),
                 )
             )
         if call.verb == "patch" and _media(request) == APPLY:
             manager = query.get("fieldManager", "")
-            if not manager:
-                raise invalid_options(
-                    "PatchOptions", "fieldManager", "Required value: is required for apply patch"
-                )
             applied, is_new = self.registry.apply(
                 rtype,
                 version,
@@ -591,6 +600,7 @@ class KubeApiEmulator:
                     namespace=namespace,
                     subresource=call.subresource,
                     dry_run=call.dry_run,
+                    manager=_manager(request),
                 )
             )
         preconditions = call.body.get("preconditions") if isinstance(call.body, dict) else None
@@ -741,7 +751,7 @@ class KubeApiEmulator:
         self, request: web.Request, rtype: ResourceType, version: str, namespace: str
     ) -> web.StreamResponse:
         query = request.query
-        match = matcher(rtype, query.get("fieldSelector"), query.get("labelSelector"))
+        match = matcher(rtype, query.get("fieldSelector"), query.get("labelSelector"), self.version)
         bookmarks = _flag(query.get("allowWatchBookmarks"))
         initial = _flag(query.get("sendInitialEvents"))
         timeout = float(query.get("timeoutSeconds", "0") or 0) or 1800.0
@@ -904,18 +914,74 @@ def _dry_run(verb: str, values: builtins.list[str]) -> bool:
     return bool(values)
 
 
-def invalid_options(kind: str, field: str, detail: str) -> ApiError:
-    """422 for bad request options, as the apiserver words it (``CreateOptions.meta.k8s.io "" ...``)."""
-    reason = "FieldValueNotSupported" if detail.startswith("Unsupported") else "FieldValueRequired"
+_CAUSE_REASONS = {
+    "Unsupported value": "FieldValueNotSupported",
+    "Required value": "FieldValueRequired",
+    "Forbidden": "FieldValueForbidden",
+    "Too long": "FieldValueTooLong",
+    "Invalid value": "FieldValueInvalid",
+}
+
+
+def invalid_options(kind: str, field: str, detail: str, *more: tuple[str, str]) -> ApiError:
+    """422 for bad request options, as the apiserver words it (``CreateOptions.meta.k8s.io "" ...``);
+    ``more`` adds further (field, detail) errors, listed in brackets as ``errors.NewInvalid`` does."""
+    errors = [(field, detail), *more]
+    listed = ", ".join(f"{f}: {d}" for f, d in errors)
+    causes = [
+        {"reason": _CAUSE_REASONS.get(d.split(":", 1)[0], "FieldValueInvalid"), "message": d, "field": f}
+        for f, d in errors
+    ]
     return ApiError(
         422,
-        f'{kind}.meta.k8s.io "" is invalid: {field}: {detail}',
-        details={
-            "group": "meta.k8s.io",
-            "kind": kind,
-            "causes": [{"reason": reason, "message": detail, "field": field}],
-        },
+        f'{kind}.meta.k8s.io "" is invalid: {listed if len(errors) == 1 else f"[{listed}]"}',
+        details={"group": "meta.k8s.io", "kind": kind, "causes": causes},
     )
+
+
+#: ``FieldManagerMaxLength`` of upstream ``apimachinery/pkg/apis/meta/v1/validation``.
+FIELD_MANAGER_MAX = 128
+
+
+def _check_options(verb: str, query: Mapping[str, str], apply: bool) -> None:
+    """``ValidateCreateOptions``/``ValidateUpdateOptions``/``ValidatePatchOptions`` (meta/v1 validation):
+    ``force`` only with apply, ``fieldManager`` at most 128 bytes of printable characters."""
+    if verb not in ("create", "update", "patch"):
+        return
+    errors: builtins.list[tuple[str, str]] = []
+    if verb == "patch" and not apply and "force" in query:
+        errors.append(("force", "Forbidden: may not be specified for non-apply patch"))
+    manager = query.get("fieldManager", "")
+    if verb == "patch" and apply and not manager:
+        errors.append(("fieldManager", "Required value: is required for apply patch"))
+    if len(manager.encode()) > FIELD_MANAGER_MAX:
+        errors.append(("fieldManager", f"Too long: may not be more than {FIELD_MANAGER_MAX} bytes"))
+    for i, char in enumerate(manager):
+        if not char.isprintable():
+            shown = json.dumps(manager)
+            errors.append(
+                (
+                    "fieldManager",
+                    f"Invalid value: {shown}: invalid character U+{ord(char):04X} (at position {i})",
+                )
+            )
+    if errors:
+        raise invalid_options(_OPTIONS_KIND[verb], errors[0][0], errors[0][1], *errors[1:])
+
+
+def _manager(request: web.Request) -> str:
+    """``managerOrUserAgent`` (handlers/rest.go): fieldManager, else the user agent up to its first
+    ``/`` (printable characters, at most 128 bytes)."""
+    manager = request.query.get("fieldManager", "")
+    if manager:
+        return manager
+    out = ""
+    for char in request.headers.get("User-Agent", "").split("/", 1)[0]:
+        if char.isprintable() and len((out + char).encode()) <= FIELD_MANAGER_MAX:
+            out += char
+        elif char.isprintable():
+            break
+    return out
 
 
 def _media(request: web.Request) -> str:

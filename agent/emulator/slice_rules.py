@@ -9,6 +9,7 @@ apiserver's, so tests can compare them with a real cluster's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -224,7 +225,9 @@ def _device(path: str, device: JSON, old: JSON | None, per_device: bool, rules: 
         shared = device.get("allowMultipleAllocations") is True
         for name, cap in capacity.items():
             out += attribute_name(f"{path}.capacity", name)
-            out += _capacity(f"{path}.capacity[{name}]", cap, shared)
+            out += _capacity(
+                f"{path}.capacity[{name}]", cap, shared, rules.gate("DRAFractionalCapacityRange")
+            )
     taints = device.get("taints") or []
     if old is None or (old.get("taints") or []) != taints:
         if not isinstance(taints, list):
@@ -330,7 +333,7 @@ def _quantity(value: object) -> Quantity | None:
     return Quantity.parse(canonical) if canonical is not None else None
 
 
-def _capacity(path: str, cap: object, shared: bool) -> list[Cause]:
+def _capacity(path: str, cap: object, shared: bool, fractional: bool = False) -> list[Cause]:
     """A capacity; ``value`` defaults to 0 (a real 1.36 apiserver accepts ``{}``)."""
     if not isinstance(cap, dict):
         return [invalid(path, cap, "must be an object")]
@@ -348,11 +351,13 @@ def _capacity(path: str, cap: object, shared: bool) -> list[Cause]:
         return []
     if not shared:
         return [forbidden(f"{path}.requestPolicy", "allowMultipleAllocations must be true")]
-    return request_policy(f"{path}.requestPolicy", value, policy)
+    return request_policy(f"{path}.requestPolicy", value, policy, fractional)
 
 
-def request_policy(path: str, capacity: Quantity, policy: object) -> list[Cause]:
-    """``validateRequestPolicy`` and its range/values helpers (integer step arithmetic, as 1.36)."""
+def request_policy(path: str, capacity: Quantity, policy: object, fractional: bool = False) -> list[Cause]:
+    """``validateRequestPolicy`` and its range/values helpers: integer arithmetic on
+    ``Quantity.Value()`` (rounded up) as in 1.36, milli-unit arithmetic when ``fractional``
+    (``DRAFractionalCapacityRange``, beta and on in 1.37) and the range has a fractional bound or step."""
     if not isinstance(policy, dict):
         return [invalid(path, policy, "must be an object")]
     values = policy.get("validValues") or []
@@ -369,15 +374,22 @@ def request_policy(path: str, capacity: Quantity, policy: object) -> list[Cause]
     if values:
         if default is None:
             return [required(f"{path}.default", "required when validValues is defined")]
-        return _valid_values(f"{path}.validValues", default, capacity, values)
+        return _valid_values(f"{path}.validValues", default, capacity, values, fractional)
     if valid_range is not None:
         if default is None:
             return [required(f"{path}.default", "required when validRange is defined")]
-        return _valid_range(f"{path}.validRange", default, capacity, valid_range)
+        return _valid_range(f"{path}.validRange", default, capacity, valid_range, fractional)
     return []
 
 
-def _valid_values(path: str, default: Quantity, capacity: Quantity, raw: list[Any]) -> list[Cause]:
+def _value(quantity: Quantity) -> int:
+    """``Quantity.Value()``: the integer value, rounded up."""
+    return math.ceil(quantity.value)
+
+
+def _valid_values(
+    path: str, default: Quantity, capacity: Quantity, raw: list[Any], fractional: bool = False
+) -> list[Cause]:
     values = [q for q in (_quantity(v) for v in raw) if q is not None]
     out: list[Cause] = []
     for i in range(len(values) - 1):
@@ -389,23 +401,35 @@ def _valid_values(path: str, default: Quantity, capacity: Quantity, raw: list[An
     if len(values) > MAX_VALID_VALUES:
         out.append(too_many(path, len(values), MAX_VALID_VALUES))
     else:
-        seen: set[int] = set()
+        seen: set[Any] = set()
         for i, option in enumerate(values):
             if capacity < option:
                 out.append(
                     invalid(f"{path}[{i}]", str(option), f"option is larger than capacity value: {capacity}")
                 )
             found = found or option.value == default.value
-            key = int(option.value)
+            # quantityKey: Value() as a decimal string; with DRAFractionalCapacityRange the exact value.
+            key: Any = option.value if fractional else _value(option)
             if key in seen:
-                out.append(duplicate(f"{path}[{i}]", str(key)))
+                out.append(duplicate(f"{path}[{i}]", str(option) if fractional else str(key)))
             seen.add(key)
     if not found:
         out.append(invalid(path, str(default), "default value is not valid according to the requestPolicy"))
     return out
 
 
-def _valid_range(path: str, default: Quantity, capacity: Quantity, raw: object) -> list[Cause]:
+#: ``MaxMilliValue``: the largest milli value a 64-bit integer holds.
+_MAX_MILLI = (2**63 - 1) // 1000
+
+
+def _milli_ok(quantity: Quantity) -> bool:
+    milli = quantity.value * 1000
+    return milli.denominator == 1 and abs(milli) <= _MAX_MILLI
+
+
+def _valid_range(
+    path: str, default: Quantity, capacity: Quantity, raw: object, fractional: bool = False
+) -> list[Cause]:
     if not isinstance(raw, dict) or raw.get("min") is None:
         return [required(f"{path}.min", "required when validRange is defined")]
     low = _quantity(raw["min"])
@@ -414,19 +438,30 @@ def _valid_range(path: str, default: Quantity, capacity: Quantity, raw: object) 
     if low is None:
         return []
     out: list[Cause] = []
+    milli = fractional and any(q is not None and q.value.denominator != 1 for q in (low, high, step))
+    if milli:
+        named = (("default", default), ("min", low), ("max", high), ("step", step))
+        out = [
+            invalid(f"{path}.{name}", str(q), "value cannot be represented as a milli value")
+            for name, q in named
+            if q is not None and not _milli_ok(q)
+        ]
+        if out:
+            return out
     if capacity < low:
         out.append(invalid(f"{path}.min", str(low), f"min is larger than capacity value: {capacity}"))
     if default < low:
-        out.append(invalid(f"{path}.default", str(default), f"default is less than min: {low}"))
+        out.append(invalid(f"{path}.min", str(default), f"default is less than min: {low}"))
     if high is not None:
         if high < low:
             out.append(invalid(f"{path}.max", str(low), f"min is larger than max: {high}"))
         if capacity < high:
             out.append(invalid(f"{path}.max", str(high), f"max is larger than capacity value: {capacity}"))
         if high < default:
-            out.append(invalid(f"{path}.default", str(default), f"default is more than max: {high}"))
+            out.append(invalid(f"{path}.max", str(default), f"default is more than max: {high}"))
     if step is not None:
         if step.value <= 0:
+            # A real 1.36.2 apiserver panics here (integer divide by zero, a 500); 422 is saner.
             out.append(invalid(f"{path}.step", str(step), "must be greater than zero"))
             return out
         one_step = Quantity(low.value + step.value, low.format)
@@ -439,7 +474,14 @@ def _valid_range(path: str, default: Quantity, capacity: Quantity, raw: object) 
                 )
             )
         for value in (default, high):
-            if value is not None and (int(value.value) - int(low.value)) % int(step.value) != 0:
+            if value is None:
+                continue
+            if milli:
+                aligned = ((value.value - low.value) * 1000) % (step.value * 1000) == 0
+            else:
+                step_value = _value(step)
+                aligned = step_value != 0 and (_value(value) - _value(low)) % step_value == 0
+            if not aligned:
                 out.append(
                     invalid(
                         f"{path}.step",

@@ -7,6 +7,7 @@ normalises v1beta1 ``spec.devices[i].basic.`` paths the same way.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -137,7 +138,7 @@ def dns_label(path: str, value: object) -> list[Cause]:
         return [invalid(path, value, DNS_LABEL_MSG)]
     out = []
     if len(value) > 63:
-        out.append(invalid(path, value, "must be no more than 63 characters"))
+        out.append(invalid(path, value, "must be no more than 63 bytes"))
     if not _DNS_LABEL.match(value):
         out.append(invalid(path, value, DNS_LABEL_MSG))
     return out
@@ -149,7 +150,7 @@ def dns_subdomain(path: str, value: object) -> list[Cause]:
         return [invalid(path, value, DNS_SUBDOMAIN_MSG)]
     out = []
     if len(value) > 253:
-        out.append(invalid(path, value, "must be no more than 253 characters"))
+        out.append(invalid(path, value, "must be no more than 253 bytes"))
     if not _DNS_SUBDOMAIN.match(value):
         out.append(invalid(path, value, DNS_SUBDOMAIN_MSG))
     return out
@@ -172,7 +173,7 @@ def qualified_name(path: str, value: object) -> list[Cause]:
         out.append(invalid(path, value, "name part must be non-empty"))
     else:
         if len(name) > 63:
-            out.append(invalid(path, value, "name part must be no more than 63 characters"))
+            out.append(invalid(path, value, "name part must be no more than 63 bytes"))
         if not _QUALIFIED_NAME.match(name):
             out.append(invalid(path, value, QUALIFIED_NAME_MSG))
     if value.count("/") > 1:
@@ -193,7 +194,7 @@ def label_value(path: str, value: object) -> list[Cause]:
         return [invalid(path, value, LABEL_VALUE_MSG)]
     out = []
     if len(value) > 63:
-        out.append(invalid(path, value, "must be no more than 63 characters"))
+        out.append(invalid(path, value, "must be no more than 63 bytes"))
     if not _LABEL_VALUE.match(value):
         out.append(invalid(path, value, LABEL_VALUE_MSG))
     return out
@@ -721,8 +722,7 @@ def resource_claim_status(obj: JSON, old: JSON | None) -> list[Cause]:
                 out.append(too_long(f"{path}.networkData.interfaceName", 256))
             if len(network.get("hardwareAddress") or "") > 128:
                 out.append(too_long(f"{path}.networkData.hardwareAddress", 128))
-            if len(network.get("ips") or []) > 16:
-                out.append(too_many(f"{path}.networkData.ips", len(network["ips"]), 16))
+            out += interface_addresses(f"{path}.networkData.ips", network.get("ips") or [])
     for i, entry in enumerate(status.get("devices") or []):
         if isinstance(entry, dict):
             ident = _device_id(entry)
@@ -745,10 +745,106 @@ def resource_claim_status(obj: JSON, old: JSON | None) -> list[Cause]:
                     out += _allocation_result(path, result, names)
                 else:
                     out.append(invalid(path, result, "must be an object"))
+        configs = (
+            ((allocation.get("devices") or {}).get("config") or []) if isinstance(allocation, dict) else []
+        )
+        for i, config in enumerate(configs if isinstance(configs, list) else []):
+            out += allocation_config(f"status.allocation.devices.config[{i}]", config, names)
         selector = allocation.get("nodeSelector") if isinstance(allocation, dict) else None
         if selector is not None:
             out += node_selector("status.allocation.nodeSelector", selector)
     return out
+
+
+#: ``NetworkDeviceDataMaxIPs``.
+MAX_IPS = 16
+_CIDR_MSG = "must be a valid address in CIDR form, (e.g. 10.9.8.7/24 or 2001:db8::1/64)"
+
+
+def interface_address(path: str, value: object) -> list[Cause]:
+    """apimachinery ``IsValidInterfaceAddress``: ``ParseCIDRSloppy`` (IPv4 octets may carry leading
+    zeros), then the canonical ``ip/prefix`` form."""
+    text = value if isinstance(value, str) else ""
+    address, slash, prefix = text.partition("/")
+    if ":" not in address:
+        octets = address.split(".")
+        if len(octets) == 4 and all(o.isdigit() and len(o) <= 3 for o in octets):
+            address = ".".join(str(int(o)) for o in octets)
+    try:
+        if not slash or not prefix.isdigit():
+            raise ValueError(text)
+        iface = ipaddress.ip_interface(f"{address}/{int(prefix)}")
+    except ValueError:
+        return [invalid(path, value, _CIDR_MSG)]
+    ip, length = iface.ip, iface.network.prefixlen
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        # Go's net.IP keeps a mapped IPv4 address as IPv4: "::ffff:1.2.3.4/120" is "1.2.3.4/24".
+        ip, length = ip.ipv4_mapped, max(length - 96, 0)
+    canonical = f"{ip}/{length}"
+    if text != canonical:
+        return [invalid(path, value, f"must be in canonical form ({json.dumps(canonical)})")]
+    return []
+
+
+def interface_addresses(path: str, items: object) -> list[Cause]:
+    """``validateNetworkDeviceData``'s ``ips``: a set of at most 16 interface addresses."""
+    if not isinstance(items, list):
+        return [invalid(path, items, "must be a list")]
+    if len(items) > MAX_IPS:
+        return [too_many(path, len(items), MAX_IPS)]
+    out: list[Cause] = []
+    for i, item in enumerate(items):
+        out += interface_address(f"{path}[{i}]", item)
+    seen: set[Any] = set()
+    for i, item in enumerate(items):
+        if item in seen:
+            out.append(duplicate(f"{path}[{i}]", item))
+        seen.add(item)
+    return out
+
+
+_CONFIG_SOURCES = ["FromClaim", "FromClass"]
+
+
+def allocation_config(path: str, config: object, names: dict[str, set[str]]) -> list[Cause]:
+    """``validateDeviceAllocationConfiguration``: source, request references, opaque config."""
+    if not isinstance(config, dict):
+        return [invalid(path, config, "must be an object")]
+    out: list[Cause] = []
+    source = config.get("source") or ""
+    if not source:
+        out.append(required(f"{path}.source"))
+    elif source not in _CONFIG_SOURCES:
+        out.append(not_supported(f"{path}.source", source, _CONFIG_SOURCES))
+    requests = config.get("requests") or []
+    if isinstance(requests, list) and len(requests) > CLAIM_MAX_REQUESTS:
+        out.append(too_many(f"{path}.requests", len(requests), CLAIM_MAX_REQUESTS))
+    elif isinstance(requests, list):
+        seen: set[Any] = set()
+        for i, name in enumerate(requests):
+            out += _request_ref(f"{path}.requests[{i}]", name, names)
+        for i, name in enumerate(requests):
+            if name in seen:
+                out.append(duplicate(f"{path}.requests[{i}]", name))
+            seen.add(name)
+    opaque = config.get("opaque")
+    if not isinstance(opaque, dict):
+        out.append(required(f"{path}.opaque"))
+    else:
+        out += driver_name(f"{path}.opaque.driver", opaque.get("driver"))
+        if not isinstance(opaque.get("parameters"), dict):
+            out.append(required(f"{path}.opaque.parameters"))
+    return out
+
+
+def extended_resource_name(value: object) -> bool:
+    """core ``IsExtendedResourceName``: outside ``kubernetes.io/``, not ``requests.``-prefixed, and a
+    qualified name once ``requests.`` is put in front (so the name part is at most 54 bytes)."""
+    if not isinstance(value, str) or "/" not in value or "kubernetes.io/" in value:
+        return False
+    if value.startswith("requests."):
+        return False
+    return not qualified_name("", f"requests.{value}")
 
 
 def device_taint_rule(obj: JSON, rules: Rules) -> list[Cause]:
@@ -810,6 +906,9 @@ def device_class(obj: JSON) -> list[Cause]:
             out.append(required(f"spec.selectors[{i}].cel.expression"))
         elif len(expression) > 10 * 1024:
             out.append(too_long(f"spec.selectors[{i}].cel.expression", 10 * 1024))
+    extended = spec.get("extendedResourceName")
+    if extended is not None and not extended_resource_name(extended):
+        out.append(invalid("spec.extendedResourceName", extended, "must be a valid extended resource name"))
     config = spec.get("config") or []
     if isinstance(config, list) and len(config) > 32:
         out.append(too_many("spec.config", len(config), 32))

@@ -24,6 +24,7 @@ async def _get(emu: KubeApiEmulator, path: str) -> tuple[int, Any]:
         ("1.34", ["v1", "v1beta2", "v1beta1", "v1alpha3"]),
         ("1.35", ["v1", "v1beta2", "v1beta1", "v1alpha3"]),
         ("1.36", ["v1", "v1beta2", "v1beta1", "v1alpha3"]),
+        ("1.37", ["v1", "v1beta2", "v1beta1", "v1alpha3"]),
     ],
 )
 async def test_resource_group_versions_per_release(release: str, versions: list[str]) -> None:

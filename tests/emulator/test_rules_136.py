@@ -161,7 +161,7 @@ SLICE_CAUSES: list[tuple[str, dict[str, Any], str]] = [
     (
         "default below min",
         _policy(default="1", validRange={"min": "2"}),
-        f'{RP}.validRange.default: Invalid value: "1": default is less than min: 2',
+        f'{RP}.validRange.min: Invalid value: "1": default is less than min: 2',
     ),
     (
         "max below min",
@@ -171,7 +171,7 @@ SLICE_CAUSES: list[tuple[str, dict[str, Any], str]] = [
     (
         "default above max",
         _policy(default="9", validRange={"min": "1", "max": "8"}),
-        f'{RP}.validRange.default: Invalid value: "9": default is more than max: 8',
+        f'{RP}.validRange.max: Invalid value: "9": default is more than max: 8',
     ),
     (
         "step not positive",
