@@ -270,7 +270,7 @@ class _Walkthrough:
     async def fault(self) -> None:
         # Exactly what a user types: the fake backend's `dra-agent fake inject` command, found
         # through the CLI's command entry points (it blocks on its own event loop, hence the thread).
-        from agent.cli import main as cli_main
+        cli_main = _dra_agent_command()
 
         p, options, report, emu = self.p, self.options, self.report, self.emu
         control = self.config.backends[0].settings["control"]
@@ -448,6 +448,19 @@ def _allocate_share(emu: KubeApiEmulator, driver: str, device: str, name: str, m
         }
     }
     return emu.update("resourceclaims", created, namespace=DEMO_NAMESPACE, subresource="status")
+
+
+def _dra_agent_command() -> Callable[[Sequence[str]], int]:
+    """The installed ``dra-agent`` command, as a user types it: its console-script entry point.
+
+    Looked up by name, not imported: `agent.cli` runs the demo (``dra-agent demo``), so the demo
+    does not import the CLI back.
+    """
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="dra-agent")
+    command: Callable[[Sequence[str]], int] = script.load()
+    return command
 
 
 def _load_spec(text: str) -> dict[str, Any]:

@@ -44,13 +44,18 @@ POINTS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("agent.kube.transport", "_Connection.send", None, "GET request sent"),
     ("agent.kube.transport", "_Connection.data_received", "GET answer arrived", None),
     (
-        "agent.claims.checkpoint",
+        "agent.claims.checkpointstore",
         "CheckpointStore.put_staged",
         "claim checked, entry and plan made",
         "back on the loop",
     ),
-    ("agent.claims.checkpoint", "CheckpointStore.remove", "entry looked up, plan made", "back on the loop"),
-    ("agent.claims.checkpoint", "_write_group", "in the worker thread", "worker thread done"),
+    (
+        "agent.claims.checkpointstore",
+        "CheckpointStore.remove",
+        "entry looked up, plan made",
+        "back on the loop",
+    ),
+    ("agent.claims.checkpointstore", "_write_group", "in the worker thread", "worker thread done"),
     ("backends.fake.devicefile", "write_device_file", "device file asked", "device file written"),
     ("backends.fake.devicefile", "remove_device_file", "device file asked", "device file removed"),
     ("agent.claims.cdi", "CdiSpecWriter.write_claim_spec", "CDI spec asked", "CDI spec written"),
@@ -195,7 +200,7 @@ def _wrap_handler(timeline: Timeline, owner: Any, attribute: str) -> None:
 
 def _wrap_checkpoint_writes(timeline: Timeline) -> None:
     """The checkpoint's appends, told apart by durability, and its own fsyncs (not the CDI's)."""
-    checkpoint = importlib.import_module("agent.claims.checkpoint")
+    checkpoint = importlib.import_module("agent.claims.checkpointwrites")
     append = checkpoint._append
 
     @functools.wraps(append)

@@ -57,7 +57,7 @@ CLAIM_ERROR_REASONS: Mapping[str, tuple[str, ...]] = {
     ),
     "unprepare": ("backend", "cdi", "checkpoint", "internal"),
 }
-"""``reason`` values of `Metrics.claim_errors` per operation (agent/claims/state.py, reader.py)."""
+"""``reason`` values of `Metrics.claim_errors` per operation (agent/claims/state*.py, reader.py)."""
 PUBLISH_ERROR_REASONS = (
     "unreachable",
     "throttled",
@@ -92,7 +92,7 @@ CHECKPOINT_RECOVERY_REASONS = (
     "checksum_mismatch",
     "torn_journal",
 )
-"""``reason`` values of `Metrics.checkpoint_recoveries` (agent/claims/checkpoint.py)."""
+"""``reason`` values of `Metrics.checkpoint_recoveries` (agent/claims/checkpoint*.py)."""
 REGISTRATION_RESULTS = ("accepted", "refused")
 
 

@@ -22,7 +22,8 @@ Settings (``--backend nvidia:key=value,...``):
   * ``own``: our per-claim CDI spec carries the device nodes (``nvidia<minor>``, ``nvidiactl``,
     ``nvidia-uvm``, ``nvidia-uvm-tools``, ``nvidia-modeset``, MIG capability nodes),
     ``NVIDIA_VISIBLE_DEVICES=void`` (as NVIDIA's DRA driver: the toolkit's runtime adds nothing on
-    top of CDI; claims in one container compose) and what the toolkit would mount (`backends.nvidia.driverfiles`):
+    top of CDI; claims in one container compose) and what the toolkit would mount
+    (`backends.nvidia.driverfiles`):
     every driver library, the driver's binaries, EGL/Vulkan vendor files and IPC sockets, at their
     paths below the driver root, plus the toolkit's ``update-ldcache`` and ``create-symlinks``
     hooks when the hook binary is installed, so a plain image finds ``libcuda.so.1``.

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.core.errors import ConfigError, KubeApiError
+from agent.core.errors import ConfigError
 from agent.kube.credentials import load_credentials
 
 REPO = Path(__file__).resolve().parents[2]

@@ -62,10 +62,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     from tests.kubelet.fakes import DRIVER, NODE, FakeClaimSource, FileBackend, PlanningFileBackend
 
     if args.crash_in_group_write:
-        import agent.claims.checkpoint
+        import agent.claims.checkpointwrites
 
-        vars(agent.claims.checkpoint)["_append"] = CrashInGroupWrite(
-            args.crash_in_group_write, agent.claims.checkpoint._append
+        vars(agent.claims.checkpointwrites)["_append"] = CrashInGroupWrite(
+            args.crash_in_group_write, agent.claims.checkpointwrites._append
         )
     root = Path(args.root)
     claims = json.loads((root / "claims.json").read_text())

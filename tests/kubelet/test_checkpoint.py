@@ -15,28 +15,28 @@ from typing import Any
 import anyio
 import pytest
 
-import agent.claims.checkpoint
+import agent.claims.checkpointcommit
+import agent.claims.checkpointload
+import agent.claims.checkpointstore
+import agent.claims.checkpointwrites
 import agent.core.atomicfile
 from agent.claims.checkpoint import (
     CheckpointCorruptError,
     CheckpointData,
     CheckpointDevice,
-    CheckpointStore,
-    CheckpointWriteError,
     ClaimEntry,
     ClaimPhase,
     EntryTexts,
-    PeerWatch,
     _checksum,
     decode,
     decode_file,
     encode,
     encode_record,
     entry_json,
-    load_checkpoint,
-    read_boot_id,
-    remove_temp_files,
 )
+from agent.claims.checkpointload import load_checkpoint, read_boot_id, remove_temp_files
+from agent.claims.checkpointpeers import PeerWatch
+from agent.claims.checkpointstore import CheckpointStore, CheckpointWriteError
 from agent.core.sharing import OpaqueConfig
 from tests.support.hops import count_hops
 
@@ -59,13 +59,13 @@ def disk_full(fd: int, data: bytes) -> None:
 def count_writes(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """From now on, one item per checkpoint write (group commit) is appended to the list returned."""
     writes: list[object] = []
-    real = agent.claims.checkpoint._write_group
+    real = agent.claims.checkpointcommit._write_group
 
     def counting(*args: Any) -> Any:
         writes.append(args[1])
         return real(*args)
 
-    monkeypatch.setattr(agent.claims.checkpoint, "_write_group", counting)
+    monkeypatch.setattr(agent.claims.checkpointstore, "_write_group", counting)
     return writes
 
 
@@ -218,9 +218,9 @@ def test_deeply_nested_file_is_quarantined_not_a_recursion_error(tmp_path: Path)
 def test_oversized_file_is_quarantined_without_reading_it_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agent.claims.checkpoint
+    import agent.claims.checkpointload
 
-    monkeypatch.setattr(agent.claims.checkpoint, "MAX_CHECKPOINT_BYTES", 100)
+    monkeypatch.setattr(agent.claims.checkpointload, "MAX_CHECKPOINT_BYTES", 100)
     path = tmp_path / "checkpoint.json"
     path.write_bytes(encode(CheckpointData("b", {"u1": ENTRY})))
     outcome = load_checkpoint(path, now=1.0)
@@ -649,7 +649,7 @@ def test_an_unfinished_last_record_is_dropped_and_reported_in_the_shape(tmp_path
 async def test_the_journal_is_compacted_once_it_outgrows_its_snapshot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(agent.claims.checkpoint, "COMPACT_AFTER_BYTES", 2_000)
+    monkeypatch.setattr(agent.claims.checkpointwrites, "COMPACT_AFTER_BYTES", 2_000)
     path = tmp_path / "checkpoint.json"
     store = CheckpointStore(path, "boot-1")
     sizes = []
@@ -665,8 +665,8 @@ async def test_the_journal_is_compacted_once_it_outgrows_its_snapshot(
 async def test_a_large_snapshots_journal_is_compacted_before_the_file_outgrows_its_read_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(agent.claims.checkpoint, "COMPACT_AFTER_BYTES", 100)
-    monkeypatch.setattr(agent.claims.checkpoint, "MAX_CHECKPOINT_BYTES", 20_000)
+    monkeypatch.setattr(agent.claims.checkpointwrites, "COMPACT_AFTER_BYTES", 100)
+    monkeypatch.setattr(agent.claims.checkpointwrites, "MAX_CHECKPOINT_BYTES", 20_000)
     path = tmp_path / "checkpoint.json"
     store = CheckpointStore(path, "boot-1")
     for i in range(40):  # a snapshot larger than a quarter of the limit

@@ -10,12 +10,15 @@ import anyio
 import pytest
 import yaml
 
-import agent.claims.checkpoint
+import agent.claims.checkpointload
+import agent.claims.checkpointwrites
 import agent.core.atomicfile
-from agent.claims.checkpoint import CheckpointWriteError, ClaimPhase, decode
+from agent.claims.checkpoint import ClaimPhase, decode
+from agent.claims.checkpointstore import CheckpointWriteError
 from agent.claims.filelock import FileLock
 from agent.claims.preparer import ClaimPreparer, PreparedDevice, PrepareResult
-from agent.claims.state import DeviceState, Step
+from agent.claims.state import DeviceState
+from agent.claims.statehooks import Step
 from agent.core.backend import ClaimRef
 from agent.core.errors import ClaimRequestError, KubeApiError
 from agent.observe.metrics import Metrics
@@ -594,13 +597,13 @@ async def test_file_lock_rereads_the_checkpoint_only_after_another_writer(
     source = FakeClaimSource([c1, c2])
     lock = tmp_path / "serialize.lock"
     reads: list[Path] = []
-    real_load = agent.claims.checkpoint.load_checkpoint
+    real_load = agent.claims.checkpointload.load_checkpoint
 
     def counting(path: Path, now: float | None = None) -> Any:
         reads.append(path)
         return real_load(path, now)
 
-    monkeypatch.setattr(agent.claims.checkpoint, "load_checkpoint", counting)
+    monkeypatch.setattr(agent.claims.checkpointwrites, "load_checkpoint", counting)
     old, _ = build(tmp_path, source, lock_path=lock)
     await old.start()
     assert (await old.prepare([ref_of(c1)]))[UID].error == ""

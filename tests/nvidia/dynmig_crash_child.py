@@ -91,7 +91,8 @@ def main(hardware: Path, journal_dir: Path, kill_at: str, actions: list[str]) ->
         for action in actions:
             if action == "prepare":
                 edits = await backend.prepare(DEVICE, CLAIM)
-                report(action, {"caps": sorted(n.path for n in edits.device_nodes if "nvidia-caps" in n.path)})
+                caps = sorted(n.path for n in edits.device_nodes if "nvidia-caps" in n.path)
+                report(action, {"caps": caps})
             else:
                 await backend.unprepare(DEVICE, CLAIM)
                 report(action, {})

@@ -28,7 +28,7 @@ async def test_gpus_and_mig_devices_carry_their_numa_node(
         devices = {d.name: d for d in await backend.discover()}
     finally:
         await backend.stop()
-    by_bus = {}
+    by_bus: dict[str, set[object]] = {}
     for device in devices.values():
         by_bus.setdefault(device.pci_bus_id, set()).add(device.attributes.get(NUMA_NODE))
     assert by_bus["0000:07:00.0"] == {0}

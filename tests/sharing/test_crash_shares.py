@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from agent.claims.checkpoint import ClaimPhase, decode
-from agent.claims.state import Step
+from agent.claims.statehooks import Step
 from tests.sharing.helpers import (
     GPU0_UUID,
     MPS,
