@@ -53,15 +53,16 @@ class Inventory:
             self._bump()
 
     def devices(self) -> tuple[Device, ...]:
-        """The devices with their current health, sorted by name."""
+        """The devices with their current health, in discovery order (the backend's order is the
+        order the scheduler is offered a GPU's partitions in: `agent.kube.slices.offer_order`)."""
         return tuple(
             dataclasses.replace(d, health=self._health[d.name]) if d.name in self._health else d
-            for _, d in sorted(self._devices.items())
+            for d in self._devices.values()
         )
 
     def discovered_devices(self) -> tuple[Device, ...]:
-        """The devices as discovered (their health not applied), sorted by name."""
-        return tuple(d for _, d in sorted(self._devices.items()))
+        """The devices as discovered (their health not applied), in discovery order."""
+        return tuple(self._devices.values())
 
     def device(self, name: str) -> Device | None:
         """One discovered device as discovered (its health not applied: see `devices`)."""

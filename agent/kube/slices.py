@@ -290,16 +290,16 @@ def counter_set_to_api(counter_set: CounterSet) -> dict[str, Any]:
 
 
 def offer_order(devices: Sequence[Device]) -> list[Device]:
-    """Devices grouped by hardware (``parent``), the whole device first, then its partitions by
-    name in reverse natural order.
+    """Devices grouped by hardware (``parent``), the whole device first, then its partitions in the
+    backend's order.
 
-    The scheduler allocates the first device that fits, in slice order (verified on 1.36). MIG
-    placement names end with their start (``gpu-0-mig-3g40gb-9-4``), so offering the last start
-    first packs partitions from the end and keeps the low placements free for the next claims: a
-    3g.40gb then takes memory slices 4-7 of an A100 and two 2g.20gb still fit at 0 and 2.
+    The scheduler allocates the first device that fits, in slice order (structured allocator,
+    ``allocateOne``: pools, their slices, each slice's devices in index order). So the backend's
+    order of a GPU's partitions is the packing policy: dynamic MIG lists the smallest profiles
+    first and each profile's placements so that larger profiles keep room
+    (`backends.nvidia.migprofiles.packing_order`). The sort is stable.
     """
-    by_name = sorted(devices, key=lambda d: _natural_key(d.name), reverse=True)
-    return sorted(by_name, key=lambda d: (_natural_key(d.parent or d.name), bool(d.parent)))
+    return sorted(devices, key=lambda d: (_natural_key(d.parent or d.name), bool(d.parent)))
 
 
 def partitionable_layout(

@@ -3,8 +3,9 @@
 Settings (``--backend fake:key=value,...``):
 
 ``profile``
-    A shipped profile (``nvidia-a100-8x``, ``amd-mi300x-8x``, ``amd-mi300x-8x-cpx``, ``mixed``)
-    or the path of a profile file (see `backends.fake.profile`); default ``mixed``.
+    A shipped profile (``nvidia-a100-8x``, ``nvidia-h100-8x``, ``amd-mi300x-8x``,
+    ``amd-mi300x-8x-cpx``, ``mixed``) or the path of a profile file (see `backends.fake.profile`);
+    default ``mixed``.
 ``dynamic-mig``
     ``true``: whole NVIDIA GPUs that can do MIG are published partitionable, as the NVIDIA
     backend's ``dynamic-mig=true`` does (see `backends.fake.dynamicmig`); default ``false``.
@@ -34,6 +35,7 @@ A driver name given with the backend (``driver=...``) renames the driver of a on
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import tempfile
@@ -42,6 +44,7 @@ from pathlib import Path
 from agent.core.backend import Backend, BackendOptions
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ConfigError
+from agent.core.logs import log_fields
 from agent.core.sharing import ConsumableShares
 from backends.fake.backend import FakeBackend, FaultError, FaultInjector, PrepareFaults, with_driver
 from backends.fake.profile import load_profile
@@ -129,6 +132,12 @@ def create_backend(options: BackendOptions, clock: Clock | None = None) -> list[
         settings.get(ConsumableShares.SETTING, "disabled"),
         f"--backend fake setting {ConsumableShares.SETTING}",
     )
+    if dynamic == "true" and shares.enabled and any(d.vendor == "nvidia" for d in profile.drivers):
+        logging.getLogger("agent.fake").warning(
+            "consumable-shares with dynamic-mig=true: partitionable GPUs and their MIG placements "
+            "are published for exclusive use, never shared; the other devices are shared as set",
+            extra=log_fields(consumable_shares=settings[ConsumableShares.SETTING], dynamic_mig="true"),
+        )
     sharing_root = Path(options.state_dir or tempfile.gettempdir()) / SHARING_DIR
     if options.driver_name and len(profile.drivers) != 1:
         raise ConfigError(

@@ -202,7 +202,7 @@ class FakeBackend:
 
     async def discover(self) -> Sequence[Device]:
         # A lost device falls off the bus: it is not discovered until recovered.
-        return [self._shares.apply(d) for name, d in sorted(self._devices.items()) if name not in self.lost]
+        return [self._shares.apply(d) for name, d in self._devices.items() if name not in self.lost]
 
     async def monitor_health(self, sink: HealthSink) -> None:
         """Forward injected faults to `sink`; also serves the control socket (one per injector)."""

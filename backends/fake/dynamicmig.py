@@ -2,7 +2,8 @@
 
 Each whole NVIDIA GPU whose product is in `migtables` is published as the NVIDIA backend would
 publish it in MIG mode with dynamic MIG (`backends.nvidia.migprofiles`): the GPU with its counter
-set and one device per MIG placement. Static MIG devices of the profile stay as they are (an
+set and one device per MIG placement, in the NVIDIA backend's order (`packing_order`: the
+scheduler takes the first placement that fits). Static MIG devices of the profile stay as they are (an
 administrator's layout is never reconfigured); other GPUs stay whole, with one log line saying
 why. Prepare "creates" the MIG device: it refuses a placement whose counters are taken, as the
 driver refuses a GPU instance that does not fit.

@@ -19,7 +19,7 @@ Format (every field other than ``name`` is optional; unknown fields are refused)
             capacity:
               memory: 80Gi
 
-A profile is a shipped name (``nvidia-a100-8x``, ``amd-mi300x-8x``, ``amd-mi300x-8x-cpx``,
+A profile is a shipped name (``nvidia-a100-8x``, ``nvidia-h100-8x``, ``amd-mi300x-8x``, ``amd-mi300x-8x-cpx``,
 ``mixed``) or a path to a file. Every problem raises `ProfileError` with one line naming the
 file, the field path and the value.
 """

@@ -191,6 +191,13 @@ class NvidiaBackend:
         self._shares = ConsumableShares.parse(
             settings.get(ConsumableShares.SETTING, "disabled"), f"nvidia setting {ConsumableShares.SETTING}"
         )
+        if self._journal_path is not None and self._shares.enabled:
+            log.warning(
+                "consumable-shares with dynamic-mig=true: partitionable GPUs and their MIG placements "
+                "are published for exclusive use, never shared; GPUs published whole (MIG mode off, "
+                "no MIG) and static MIG devices are shared as set",
+                extra=log_fields(consumable_shares=settings[ConsumableShares.SETTING], dynamic_mig="true"),
+            )
         state_dir = options.state_dir or Path("/var/lib/dra-agent")
         state = state_dir / STATE_SUBDIR / self._driver
         links = state_dir / LIBRARY_LINKS_SUBDIR / self._driver

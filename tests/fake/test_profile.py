@@ -24,10 +24,18 @@ def by_name(profile: str) -> dict[str, Device]:
 
 
 def test_shipped_profiles_exist() -> None:
-    assert shipped_profiles() == ["amd-mi300x-8x", "amd-mi300x-8x-cpx", "mixed", "nvidia-a100-8x"]
+    assert shipped_profiles() == [
+        "amd-mi300x-8x",
+        "amd-mi300x-8x-cpx",
+        "mixed",
+        "nvidia-a100-8x",
+        "nvidia-h100-8x",
+    ]
 
 
-@pytest.mark.parametrize("name", ["amd-mi300x-8x", "amd-mi300x-8x-cpx", "mixed", "nvidia-a100-8x"])
+@pytest.mark.parametrize(
+    "name", ["amd-mi300x-8x", "amd-mi300x-8x-cpx", "mixed", "nvidia-a100-8x", "nvidia-h100-8x"]
+)
 def test_every_shipped_device_is_valid(name: str) -> None:
     profile = load_profile(name)
     for driver in profile.drivers:
@@ -57,6 +65,21 @@ def test_nvidia_a100_names_and_attributes() -> None:
     assert str(attrs["uuid"]).startswith("GPU-")
     assert attrs["resource.kubernetes.io/pciBusID"] == "0000:07:00.0"
     assert str(attrs["resource.kubernetes.io/pcieRoot"]).startswith("pci")
+    assert gpu.capacity["memory"] == Quantity.parse("80Gi")
+
+
+def test_nvidia_h100_names_and_attributes() -> None:
+    """Shaped as NVIDIA's H100 SXM5 80GB reports itself (product name as ``nvidia-smi -q``):
+    Hopper, compute capability 9.0; the product is one `backends.fake.migtables` knows."""
+    devices = by_name("nvidia-h100-8x")
+    assert sorted(devices) == [f"gpu-{i}" for i in range(8)]
+    assert len({d.uuid for d in devices.values()}) == 8
+    assert len({d.attributes["resource.kubernetes.io/pcieRoot"] for d in devices.values()}) == 8
+    gpu = devices["gpu-0"]
+    assert gpu.product == gpu.attributes["productName"] == "NVIDIA H100 80GB HBM3"
+    assert gpu.attributes["architecture"] == "Hopper"
+    assert gpu.attributes["cudaComputeCapability"] == Version("9.0.0")
+    assert gpu.attributes["type"] == "gpu" and gpu.attributes["uuid"] == gpu.uuid
     assert gpu.capacity["memory"] == Quantity.parse("80Gi")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agent.core.errors import KubeApiError
+from agent.core.errors import ConfigError, KubeApiError
 from agent.emulator import KubeApiEmulator
 from agent.kube.client import KubeClient
 from tests.kube.harness import DRIVER, NODE
@@ -47,7 +47,7 @@ async def test_connect_with_kubeconfig_discovers_v1() -> None:
 
 
 async def test_bad_kubeconfig_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(KubeApiError, match="cannot load Kubernetes credentials"):
+    with pytest.raises(ConfigError, match="--kubeconfig: expected an existing kubeconfig file"):
         await KubeClient.connect("kubeconfig", tmp_path / "missing")
 
 

@@ -53,7 +53,7 @@ def test_kill_after_prepare_keeps_the_claims_mig_device(tmp_path: Path) -> None:
     assert code == -signal.SIGKILL
     code, [start, prepared, unprepared] = child(tmp_path, "-", "prepare", "unprepare")
     assert code == 0
-    [mig] = start["migs"]
+    [_mig] = start["migs"]  # exactly one MIG device
     assert start["journal"] == ["prepared"]  # a prepared claim holds it: kept
     assert len(prepared["caps"]) == 2 and prepared["migs"] == start["migs"]
     assert unprepared["migs"] == []
