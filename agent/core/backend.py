@@ -177,7 +177,8 @@ class DeviceTelemetry:
     ecc_corrected_total: int | None = None
     ecc_uncorrected_total: int | None = None
     last_error_code: int | None = None
-    """The vendor's last fatal error code (the last XID on NVIDIA)."""
+    """The vendor's last fatal error code (the last XID on NVIDIA); 0 when none since the agent
+    started (the series then exists from the start), None where the backend has no such code."""
     read_at: float = field(default_factory=time.time)
 
 

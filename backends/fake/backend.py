@@ -471,7 +471,7 @@ class FakeBackend:
                     power_watts=round(90 + 310 * util, 1),
                     ecc_corrected_total=0,
                     ecc_uncorrected_total=self._ecc.get(name, 0),
-                    last_error_code=self._last_xid.get(name),
+                    last_error_code=self._last_xid.get(name, 0),
                     read_at=now,
                 )
             )

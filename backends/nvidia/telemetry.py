@@ -76,7 +76,7 @@ def read_device(
         power_watts=float(power_mw) / 1000.0 if power_mw is not None else None,
         ecc_corrected_total=counts.corrected,
         ecc_uncorrected_total=counts.uncorrected,
-        last_error_code=last_xid.get(device.gpu.uuid),
+        last_error_code=last_xid.get(device.gpu.uuid, 0),
         read_at=now,
     )
 

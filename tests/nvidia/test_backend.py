@@ -163,7 +163,7 @@ async def test_telemetry_values(make_backend: BackendFactory) -> None:
     assert full.utilization_ratio == pytest.approx(0.55)
     assert (full.memory_used_bytes, full.memory_total_bytes) == (10 * 1024 * MIB, 81559 * MIB)
     assert (full.temperature_celsius, full.power_watts) == (61.0, 312.5)
-    assert (full.ecc_corrected_total, full.ecc_uncorrected_total, full.last_error_code) == (7, 1, None)
+    assert (full.ecc_corrected_total, full.ecc_uncorrected_total, full.last_error_code) == (7, 1, 0)
     mig = readings["gpu-1-mig-3g40gb-9-4"]
     # A MIG device has its own memory; utilization and ECC are per GPU, not reported per MIG device.
     assert (mig.memory_used_bytes, mig.memory_total_bytes) == (2048 * MIB, 40192 * MIB)
