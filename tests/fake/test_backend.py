@@ -249,7 +249,7 @@ async def test_telemetry_is_plausible_and_follows_faults(fake_clock: FakeClock) 
         assert r.memory_total_bytes == 80 * 2**30
         assert r.memory_used_bytes is not None and 0 <= r.memory_used_bytes <= r.memory_total_bytes
         assert r.temperature_celsius is not None and 30 < r.temperature_celsius < 90
-        assert r.last_error_code is None
+        assert r.last_error_code == 0  # no XID yet: a series at 0 from the start
     assert await nvidia.telemetry() == readings  # same time, same figures
     await injector.inject("gpu-2", "xid", "79")
     await injector.inject("gpu-1-128", "ecc-uncorrectable", "umc")
