@@ -26,6 +26,7 @@ import anyio
 from agent.app import Agent, DriverRuntime, Part, create_backend_set, run_until_signal
 from agent.claims.filelock import FileLock
 from agent.claims.state import DeviceState
+from agent.claims.statehooks import Listeners, PreparedListener
 from agent.config import AgentConfig
 from agent.core.backend import GPU_LOST, Backend, declared_conditions
 from agent.core.clock import Clock, SystemClock
@@ -34,6 +35,7 @@ from agent.core.exclusion import ExcludingBackend
 from agent.core.logs import log_fields
 from agent.core.model import HealthCondition, Severity
 from agent.health.taints import EFFECT_NONE, TaintPolicy
+from agent.kube.claimstatus import ClaimStatusWriter
 from agent.kube.credentials import check_in_cluster, check_kubeconfig, in_cluster
 from agent.kubelet.deviceplugins import device_plugins_dir, report_device_plugins
 from agent.kubelet.peersockets import DeadPeerSockets
@@ -168,6 +170,7 @@ class AgentParts:
         """Discovery, probes, the Node and our slices (one LIST/WATCH): one for every publisher."""
         self.plugins: dict[str, KubeletPlugin] = {}
         self.states: dict[str, DeviceState] = {}
+        self.status_writers: dict[str, ClaimStatusWriter] = {}
         self.metrics_port: int | None = None
         self.workloads: WorkloadAttribution | None = None
         self._liveness: Callable[[], tuple[bool, str]] | None = None
@@ -247,6 +250,9 @@ class AgentParts:
             self.readiness.expect(check)
             parts.append(Part(f"{driver}/publisher", lambda: self._publish(runtime, check)))
         if config.serve_kubelet:
+            if self.api is not None:
+                writer = self._status_writer(runtime)
+                parts.append(Part(f"{driver}/claim-status", writer.run))
             parts.append(Part(f"{driver}/kubelet", lambda: self._serve_kubelet(runtime)))
             if config.pod_uid:
                 peers = DeadPeerSockets(
@@ -254,6 +260,25 @@ class AgentParts:
                 )
                 parts.append(Part(f"{driver}/peer-sockets", peers.run))
         return parts
+
+    def _status_writer(self, runtime: DriverRuntime) -> ClaimStatusWriter:
+        """The writer of the driver's claims' ``status.devices`` (told by the claim state)."""
+        assert self.api is not None
+        api = self.api
+
+        async def client() -> KubeClient:
+            return (await api.wait())[0]
+
+        writer = ClaimStatusWriter(
+            runtime.driver,
+            self.config.node_name,
+            runtime.inventory,
+            client,
+            clock=self.clock,
+            metrics=self.metrics,
+        )
+        self.status_writers[runtime.driver] = writer
+        return writer
 
     def _state(self, backend: Backend) -> DeviceState:
         config, driver = self.config, backend.driver_name
@@ -269,12 +294,17 @@ class AgentParts:
             events=self.api,
             clock=self.clock,
             lock_path=plugin_dir / "serialize.lock" if config.pod_uid else None,
-            listener=self.workloads,
+            listener=self._listener(driver),
             # With a pod UID a second pod may share the checkpoint (a rollout or a rollback).
             peers=functools.partial(another_pod_serving, self._dra_socket(driver))
             if config.pod_uid
             else None,
         )
+
+    def _listener(self, driver: str) -> PreparedListener | None:
+        """Who hears of the driver's prepared claims: the workload attribution and the status writer."""
+        found = [x for x in (self.workloads, self.status_writers.get(driver)) if x is not None]
+        return Listeners(*found) if found else None
 
     def _dra_socket(self, driver: str) -> Path:
         config = self.config

@@ -52,3 +52,23 @@ class PreparedListener(Protocol):
     def claims_read(self, claims: Mapping[ClaimRef, Mapping[str, Any]]) -> None:
         """The API objects of the claims a prepare just prepared, told right before `prepared_changed`."""
         ...
+
+
+class Listeners:
+    """Several `PreparedListener`s told in turn (the workload attribution, the claim status writer)."""
+
+    def __init__(self, *listeners: PreparedListener) -> None:
+        self._listeners = listeners
+
+    def prepared_changed(
+        self,
+        driver: str,
+        prepared: Mapping[ClaimRef, tuple[str, ...]],
+        unprepared: Collection[ClaimRef],
+    ) -> None:
+        for listener in self._listeners:
+            listener.prepared_changed(driver, prepared, unprepared)
+
+    def claims_read(self, claims: Mapping[ClaimRef, Mapping[str, Any]]) -> None:
+        for listener in self._listeners:
+            listener.claims_read(claims)

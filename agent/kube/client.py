@@ -121,6 +121,9 @@ def claim_to_v1(claim: Mapping[str, Any]) -> dict[str, Any]:
     return dict(out)
 
 
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
 class KubeClient:
     """Raw-JSON access to the parts of the Kubernetes API the agent uses.
 
@@ -201,20 +204,27 @@ class KubeClient:
         *,
         query: Sequence[tuple[str, str]] = (),
         body: Any = None,
+        content_type: str = "",
     ) -> dict[str, Any]:
-        """Send one request and return the decoded JSON answer; raise `KubeApiError` if it failed."""
+        """Send one request and return the decoded JSON answer; raise `KubeApiError` if it failed.
+
+        `content_type` overrides the JSON body's type (``application/apply-patch+yaml`` for a
+        server-side apply: JSON is YAML)."""
         async with self._requests:
-            return await self._request(method, path, query=query, body=body)
+            return await self._request(method, path, query=query, body=body, content_type=content_type)
 
     async def _request(
-        self, method: str, path: str, *, query: Sequence[tuple[str, str]], body: Any
+        self, method: str, path: str, *, query: Sequence[tuple[str, str]], body: Any, content_type: str = ""
     ) -> dict[str, Any]:
+        headers = await self._headers()
+        if content_type:
+            headers["Content-Type"] = content_type
         try:
             answer = await self._http.request(
                 method,
                 path,
                 query=query,
-                headers=await self._headers(),
+                headers=headers,
                 body=json.dumps(body).encode() if body is not None else None,
                 timeout=self._timeout,
             )
@@ -237,6 +247,11 @@ class KubeClient:
         if self._info is None:
             raise KubeApiError("KubeClient.discover() must run before resource.k8s.io is used")
         return self._info
+
+    @property
+    def has_info(self) -> bool:
+        """Whether discovery has run."""
+        return self._info is not None
 
     async def ensure_discovered(self) -> ServerInfo:
         """Discovery results, running discovery first when it has not run yet."""
@@ -308,17 +323,22 @@ class KubeClient:
         return f"{path}/{name}" if name else path
 
     @staticmethod
-    def _slice_selector(node_name: str, driver: str) -> list[tuple[str, str]]:
+    def _slice_selector(node_name: str, driver: str | None) -> list[tuple[str, str]]:
+        if not driver:
+            return [("fieldSelector", f"spec.nodeName={node_name}")]
         return [("fieldSelector", f"spec.nodeName={node_name},spec.driver={driver}")]
 
-    async def list_resource_slices(self, *, node_name: str, driver: str) -> tuple[list[dict[str, Any]], str]:
-        """Our node's slices of `driver`, and the list's resourceVersion (to start a watch)."""
+    async def list_resource_slices(
+        self, *, node_name: str, driver: str | None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Our node's slices of `driver` (of every driver: None), and the list's resourceVersion (to
+        start a watch)."""
         data = await self.request("GET", self._slices_path(), query=self._slice_selector(node_name, driver))
         items = [i for i in data.get("items", []) if isinstance(i, dict)]
         return items, str(data.get("metadata", {}).get("resourceVersion", ""))
 
     async def watch_resource_slices(
-        self, *, node_name: str, driver: str, resource_version: str, timeout_seconds: int = 300
+        self, *, node_name: str, driver: str | None, resource_version: str, timeout_seconds: int = 300
     ) -> AsyncIterator[WatchEvent]:
         """Stream watch events from `resource_version`; ends when the server closes the watch.
 
@@ -392,6 +412,21 @@ class KubeClient:
         return True
 
     # ----- ResourceClaims -----------------------------------------------------------------
+
+    async def apply_claim_status(
+        self, namespace: str, name: str, body: Mapping[str, Any], *, field_manager: str
+    ) -> dict[str, Any]:
+        """Server-side apply of a claim's status (``body`` holds what `field_manager` owns there)."""
+        path = (
+            f"/apis/{RESOURCE_GROUP}/{self.slice_version}/namespaces/{namespace}/resourceclaims/{name}/status"
+        )
+        return await self.request(
+            "PATCH",
+            path,
+            query=[("fieldManager", field_manager), ("force", "true")],
+            body=body,
+            content_type=APPLY_PATCH,
+        )
 
     async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """The claim in v1 shape (implements `agent.claims.preparer.ClaimSource`); 404 when absent."""

@@ -212,6 +212,12 @@ class Metrics:
             ("resource", "reason"),
             registry=r,
         )
+        self.claim_status_writes = Counter(
+            "dra_agent_claim_status_writes_total",
+            "Server-side applies of claims' status.devices entries, by result.",
+            ("driver", "result"),
+            registry=r,
+        )
         self.rejected_devices = Counter(
             "dra_agent_rejected_devices_total",
             "Devices left out of a slice because they break a rule.",

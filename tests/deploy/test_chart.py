@@ -211,8 +211,21 @@ def test_rbac_is_least_privilege(variant: str) -> None:
         for resource in rule["resources"]
     }
     assert grants[("resource.k8s.io", "resourceclaims")] == {"get"}
-    # The agent writes no claim status (no per-device status yet): no grant for it.
-    assert ("resource.k8s.io", "resourceclaims/status") not in grants
+    # Per-device claim status (server-side apply of status.devices) and, under granular status
+    # authorization (pkg/registry/resource/resourceclaim/strategy.go, AuthorizedForDeviceStatus),
+    # the per-driver synthetic subresource with the node-aware verbs, for our drivers only.
+    assert grants[("resource.k8s.io", "resourceclaims/status")] == {"get", "patch"}
+    assert grants[("resource.k8s.io", "resourceclaims/driver")] == {
+        "associated-node:patch",
+        "associated-node:update",
+    }
+    (driver_rule,) = [r for r in role["rules"] if "resourceclaims/driver" in r["resources"]]
+    expected = {
+        "nvidia": ["gpu.nvidia.com"],
+        "amd": ["gpu.amd.com"],
+        "mixed": ["gpu.nvidia.com", "gpu.amd.com"],
+    }
+    assert driver_rule["resourceNames"] == expected[variant], driver_rule
     assert grants[("resource.k8s.io", "resourceslices")] == {
         "get",
         "list",

@@ -96,6 +96,13 @@ app.kubernetes.io/part-of: dra-agent
 {{/* The DRA driver names the agent serves, as a CEL list literal (the fake backend's built-in
 profiles use gpu.nvidia.com and gpu.amd.com unless backends.fake.driverName is set). */}}
 {{- define "dra-agent.driverNamesCel" -}}
+{{- $quoted := list -}}
+{{- range (include "dra-agent.driverNames" . | fromJsonArray) -}}{{- $quoted = append $quoted (printf "'%s'" .) -}}{{- end -}}
+[{{ join ", " $quoted }}]
+{{- end -}}
+
+{{/* The DRA driver names the agent serves, as a JSON list. */}}
+{{- define "dra-agent.driverNames" -}}
 {{- $names := list -}}
 {{- if .Values.backends.nvidia.enabled -}}{{- $names = append $names .Values.backends.nvidia.driverName -}}{{- end -}}
 {{- if .Values.backends.amd.enabled -}}{{- $names = append $names .Values.backends.amd.driverName -}}{{- end -}}
@@ -108,9 +115,7 @@ profiles use gpu.nvidia.com and gpu.amd.com unless backends.fake.driverName is s
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- $quoted := list -}}
-{{- range $names | uniq -}}{{- $quoted = append $quoted (printf "'%s'" .) -}}{{- end -}}
-[{{ join ", " $quoted }}]
+{{- $names | uniq | toJson -}}
 {{- end -}}
 
 {{/* "true" when both vendor backends are enabled: one chart for a fleet of NVIDIA-only, AMD-only and mixed nodes. */}}
