@@ -308,7 +308,8 @@ class Agent:
 
         async def rediscover() -> None:
             while True:
-                await self.clock.sleep(self.config.resync_seconds)
+                # Spread over [0.5, 1.5) of the interval, as the publisher's resync: out of step in a fleet.
+                await self.clock.sleep(self.config.resync_seconds * random.uniform(0.5, 1.5))
                 discovered = await runtime.backend.discover()
                 devices, events = vanished.merge(
                     runtime.inventory.discovered_devices(), discovered, self.clock.time()

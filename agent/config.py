@@ -70,6 +70,7 @@ class AgentConfig:
     taint_hold_seconds: float = 60.0
     health_debounce_seconds: float = 0.05
     resync_seconds: float = 300.0
+    watch_timeout_seconds: float = 300.0
     telemetry_interval_seconds: float = 10.0
     health_interval_seconds: float = DEFAULT_HEALTH_INTERVAL
     serve_kubelet: bool = True
@@ -109,7 +110,7 @@ def _node_name(text: str) -> str:
     return text
 
 
-PRINT_FOR_VERSIONS = ("1.34", "1.35", "1.36")
+PRINT_FOR_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 
 
 def _choice(flag: str, choices: tuple[str, ...]) -> Callable[[str], str]:
@@ -265,7 +266,16 @@ OPTIONS: tuple[Option, ...] = (
         "--resync",
         "DRA_AGENT_RESYNC_SECONDS",
         _seconds("--resync", 1.0),
-        "full reconcile interval of the slices",
+        "resync interval of the slices (re-read of the API server's version and the Node; each wait is "
+        "drawn over [0.5, 1.5) of it so a fleet does not resync in step)",
+    ),
+    Option(
+        "watch_timeout_seconds",
+        "--watch-timeout",
+        "DRA_AGENT_WATCH_TIMEOUT_SECONDS",
+        _seconds("--watch-timeout", 1.0),
+        "base timeout of the slice watch: each watch lasts between 1x and 2x of it (as client-go's "
+        "reflector), then resumes without a LIST",
     ),
     Option(
         "telemetry_interval_seconds",
@@ -293,7 +303,7 @@ OPTIONS: tuple[Option, ...] = (
         "--print-for",
         "DRA_AGENT_PRINT_FOR",
         _choice("--print-for", PRINT_FOR_VERSIONS),
-        "with --kube none: print the slices as published to this Kubernetes release (1.34, 1.35, 1.36)",
+        "with --kube none: print the slices as published to this Kubernetes release (1.34, 1.35, 1.36, 1.37)",
     ),
 )
 

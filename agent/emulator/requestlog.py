@@ -11,14 +11,14 @@ kubelet's), else by its User-Agent. The verb is the API server's (``get``, ``lis
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 _METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LoggedRequest:
     """One request the emulator answered."""
 
@@ -59,12 +59,16 @@ def classify(method: str, path: str, query: Mapping[str, str]) -> tuple[str, str
     return _METHOD_VERBS.get(method, method.lower()), resource
 
 
-class RequestLog:
-    """The requests answered so far (`entries`), in arrival order."""
+MAX_ENTRIES = 500_000
+"""The newest requests kept (a long-running emulator forgets the oldest)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+
+class RequestLog:
+    """The requests answered so far (`entries`), in arrival order (the newest `MAX_ENTRIES`)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, max_entries: int = MAX_ENTRIES) -> None:
         self._clock = clock
-        self.entries: list[LoggedRequest] = []
+        self.entries: deque[LoggedRequest] = deque(maxlen=max_entries)
 
     def record(self, method: str, path: str, query: Mapping[str, str], headers: Mapping[str, str]) -> None:
         verb, resource = classify(method, path, query)

@@ -11,7 +11,8 @@ So the publisher sends a server-side dry-run create of a probe slice (nothing is
 2. if that is refused as invalid, one device with one ``NoSchedule`` taint: accepted means the
    older rules; again the answer shows whether taints are kept.
 
-The probe runs at start and again when the server's version changes (a control-plane upgrade).
+The probe runs at start and again when the server's version changes (a control-plane upgrade),
+once per process for all drivers (`agent.kube.nodecache`).
 When it cannot run (an old server without dry-run, a network error) the version decides, as
 a guess, until the next probe succeeds.
 

@@ -10,15 +10,19 @@ What the server accepts (taints kept? the ``None`` effect?) comes from a dry-run
 (`agent.kube.capabilities`) at start and after a control-plane upgrade. Logs, Events (sent from
 their own queue and task) and metrics are in `agent.kube.report`.
 
-Failures are retried with capped, jittered exponential backoff; an episode of failures is logged
-once when it starts and once when it ends. `SlicePublisher.run` only ends by cancellation.
+The stored slices, the probes, discovery and the Node's uid come from `agent.kube.nodecache`,
+shared by the publishers of a process: one LIST and one WATCH for the node, passes read the
+store (no LIST per pass), our own writes never wake a pass, probes and discovery once per process.
+
+Failures are retried with capped exponential backoff, fully jittered (`agent.kube.jitter`); an
+episode of failures is logged once when it starts and once when it ends. `SlicePublisher.run`
+only ends by cancellation.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,11 +35,13 @@ from agent.core.inventory import Inventory
 from agent.core.logs import log_fields
 from agent.core.model import Device
 from agent.health.taints import ClusterTaintSupport, DeviceTaint
-from agent.kube import capabilities
+from agent.kube import capabilities, jitter
 from agent.kube.capabilities import Capabilities
-from agent.kube.client import KubeClient, ServerInfo
+from agent.kube.client import KubeClient
 from agent.kube.events import EventQueue, EventRecorder
+from agent.kube.nodecache import NodeApiCache, NodeMissingError
 from agent.kube.pool import PoolPlan, PoolTarget, desired_pool, plan_pool
+from agent.kube.published import PublishedTaint, slice_taints
 from agent.kube.report import SHARES, PoolReport
 from agent.kube.slices import flat_device, server_minor, without_counters, without_shares
 from agent.kube.validation import check_slice_spec
@@ -59,8 +65,7 @@ class TaintMapper(Protocol):
     ) -> Mapping[str, Sequence[DeviceTaint]]: ...
 
 
-class NodeMissingError(KubeApiError):
-    """Our Node object does not exist (yet); slices need it as their owner."""
+__all__ = ["NodeMissingError", "PassResult", "SlicePublisher", "TaintMapper"]
 
 
 @dataclass(frozen=True)
@@ -134,11 +139,14 @@ class SlicePublisher:
         resync_seconds: float = 300.0,
         backoff_initial: float = 0.2,
         backoff_max: float = 30.0,
-        watch_timeout_seconds: int = 300,
+        watch_timeout_seconds: float = 300.0,
         rng: random.Random | None = None,
         on_published: Callable[[bool, str], None] | None = None,
         event_queue_size: int = 64,
+        shared: NodeApiCache | None = None,
     ) -> None:
+        """`shared`: the process's `NodeApiCache` (one for every driver); without it the publisher
+        keeps a private one for its driver, with its resync, watch timeout, backoff and `rng`."""
         self._kube = kube
         self._on_published = on_published
         self._inventory = inventory
@@ -151,16 +159,26 @@ class SlicePublisher:
         self._report = PoolReport(self.driver, metrics=metrics, events=self.events)
         self._debounce = debounce_seconds
         self._min_write_interval = min_write_interval
-        self._resync = resync_seconds
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
-        self._watch_timeout = watch_timeout_seconds
         self._rng = rng or random.Random()
+        if shared is None:
+            shared = NodeApiCache(
+                kube,
+                node_name,
+                clock=clock,
+                driver=self.driver,
+                resync_seconds=resync_seconds,
+                watch_timeout_seconds=watch_timeout_seconds,
+                backoff_initial=backoff_initial,
+                backoff_max=backoff_max,
+                rng=self._rng,
+                metrics=metrics,
+            )
+        self._shared = shared
+        shared.register(self.driver, self)
         self._wake = anyio.Event()
-        self._node_uid: str | None = None
-        self._refresh_node = False
-        self._own_versions: deque[str] = deque(maxlen=256)
-        self._own_deletes: deque[str] = deque(maxlen=256)
+        self._probe_again = False
         self._capabilities: Capabilities | None = None
         self._said: dict[str, bool] = {}
         """What the last probe said of each optional field ("shared counters", "sharing fields")."""
@@ -172,6 +190,11 @@ class SlicePublisher:
         """Reconcile passes run (tests and benchmarks read it)."""
 
     # ----- public -------------------------------------------------------------------------
+
+    @property
+    def shared(self) -> NodeApiCache:
+        """The node's cache this publisher reads its slices, probes and Node from."""
+        return self._shared
 
     @property
     def capabilities(self) -> Capabilities | None:
@@ -187,14 +210,22 @@ class SlicePublisher:
         """Ask for a reconcile pass soon."""
         self._wake.set()
 
+    async def published_taints(self, *, fresh: bool = False) -> list[PublishedTaint]:
+        """The device taints in our slices (`agent.kube.published`), from the shared store: the
+        seed at start costs no LIST of its own. `fresh`: as the API server has them now (taking
+        over from another pod). Raises `KubeApiError` when unreadable."""
+        await self._kube.ensure_discovered()
+        shared = self._shared
+        items = await (shared.fresh_slices(self.driver) if fresh else shared.slices(self.driver))
+        return slice_taints(items, self._node)
+
     async def run(self) -> None:
         """Publish until cancelled; never raises anything but cancellation."""
         async with anyio.create_task_group() as tg:
             if self.events is not None:
                 tg.start_soon(self.events.run)
             tg.start_soon(self._follow_inventory)
-            tg.start_soon(self._watch_slices)
-            tg.start_soon(self._resync_timer)
+            tg.start_soon(self._shared.attach)  # the node's watch and resync, run by one publisher
             await self._reconcile_loop()
 
     # ----- loops --------------------------------------------------------------------------
@@ -205,42 +236,49 @@ class SlicePublisher:
             version = await self._inventory.wait_changed(version)
             self._wake.set()
 
-    async def _resync_timer(self) -> None:
-        while True:
-            await self._clock.sleep(self._resync)
-            self._refresh_node = True
-            await self._rediscover()
-            self._wake.set()
+    # ----- what the shared cache tells us (`agent.kube.nodecache.SliceListener`) ---------
 
-    async def _rediscover(self) -> bool:
-        """Read the server's version again; probe again after an upgrade or while taints are dropped.
+    def slice_changed(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind == "DELETED":
+            # Deleted by the garbage collector? The Node may have been recreated with a new uid.
+            self._shared.forget_node()
+        log.debug(
+            "slice changed by someone else",
+            extra=log_fields(event=kind, slice=obj.get("metadata", {}).get("name")),
+        )
+        self._wake.set()
 
-        False when the server did not answer (the next reconcile pass reports that).
-        """
+    def resynced(self, answered: bool) -> None:
+        if answered:
+            self._version_read()
+        self._wake.set()
+
+    def version_checked(self) -> None:
+        self._version_read()
+
+    def watch_broken(self) -> None:
+        self._wake.set()
+
+    def _version_read(self) -> None:
+        """The server's version was read again (`KubeClient.info`, discovery re-run if it changed):
+        probe again after an upgrade or while taints are dropped."""
         before = self._capabilities
-        try:
-            version = await self._kube.request("GET", "/version")
-            if before is not None and str(version.get("gitVersion", "")) == before.server_version:
-                info = self._kube.info  # unchanged: no new discovery (it logs)
-            else:
-                info = await self._kube.discover()
-        except KubeApiError:
-            return False
-        if before is not None and (
-            info.git_version != before.server_version or not before.slice_taints or not before.probed
-        ):
+        if before is None or not self._kube.has_info:
+            return
+        info = self._kube.info
+        if info.git_version != before.server_version or not before.slice_taints or not before.probed:
             if info.git_version != before.server_version:
                 log.info(
                     "the API server's version changed; probing what it accepts again",
                     extra=log_fields(driver=self.driver, before=before.server_version, now=info.git_version),
                 )
             self._capabilities = None
+            self._probe_again = True
             self._wake.set()
-        elif before is not None and (before.counters is not None or before.shares is not None):
+        elif before.counters is not None or before.shares is not None:
             # Ask again at each resync (the gate may have changed). A gate turned off later keeps
             # the fields of our slices (in use), so no write would show it; the probe's create would.
             self._capabilities = before.with_counters(None).with_shares(None)
-        return True
 
     async def _reconcile_loop(self) -> None:
         self._wake.set()
@@ -256,6 +294,8 @@ class SlicePublisher:
             try:
                 result = await self.reconcile()
             except Exception as error:  # nothing may end the publisher; every failure is retried
+                if isinstance(error, KubeApiError) and error.status == 409:
+                    self._shared.invalidate()  # our copy of a slice was stale: read them again
                 self._note_failure(error)
                 if self._on_published is not None and self._episode.failures >= _NOT_READY_AFTER_FAILURES:
                     self._on_published(False, f"publishing failing: {error}")
@@ -291,120 +331,26 @@ class SlicePublisher:
             self._metrics.api_retries.labels(reason).inc()
 
     def _backoff(self, failures: int) -> float:
-        delay = min(self._backoff_max, self._backoff_initial * float(2 ** min(max(0, failures - 1), 30)))
-        jitter: float = self._rng.uniform(0.5, 1.0)
-        return delay * jitter
-
-    async def _watch_slices(self) -> None:
-        resource_version = ""
-        failures = 0
-        recheck = False
-        while True:
-            reason = "closed"
-            try:
-                await self._kube.ensure_discovered()
-                if recheck:
-                    # A control-plane upgrade restarts the API server and cuts the watch: read its
-                    # version before watching again.
-                    if not await self._rediscover():
-                        raise KubeApiError("GET /version: the API server did not answer")
-                    recheck = False
-                if not resource_version:
-                    _, resource_version = await self._kube.list_resource_slices(
-                        node_name=self._node, driver=self.driver
-                    )
-                    self._wake.set()  # we may have missed changes while not watching
-                async for event in self._kube.watch_resource_slices(
-                    node_name=self._node,
-                    driver=self.driver,
-                    resource_version=resource_version,
-                    timeout_seconds=self._watch_timeout,
-                ):
-                    failures = 0
-                    resource_version = event.resource_version or resource_version
-                    if event.type == "BOOKMARK":
-                        continue
-                    if self._is_own(event.type, event.object):
-                        continue
-                    if event.type == "DELETED":
-                        # Deleted by the garbage collector? The Node may have been recreated with a new uid.
-                        self._refresh_node = True
-                    log.debug(
-                        "slice changed by someone else",
-                        extra=log_fields(
-                            event=event.type, slice=event.object.get("metadata", {}).get("name")
-                        ),
-                    )
-                    self._wake.set()
-            except KubeApiError as error:
-                if error.status == 410:
-                    reason, resource_version = "expired", ""
-                else:
-                    reason, recheck = "error", True
-                    failures += 1
-                    log.debug("slice watch failed", extra=log_fields(driver=self.driver, error=str(error)))
-                    self._wake.set()  # a reconcile pass notices (and logs) an outage
-                    await self._clock.sleep(self._backoff(failures))
-            except Exception as error:  # keep watching whatever happens
-                reason = "internal"
-                failures += 1
-                log.error(
-                    "slice watch crashed; restarting", exc_info=error, extra=log_fields(driver=self.driver)
-                )
-                await self._clock.sleep(self._backoff(failures))
-            if self._metrics is not None:
-                self._metrics.watch_restarts.labels(RESOURCE, reason).inc()
-
-    def _is_own(self, kind: str, obj: Mapping[str, Any]) -> bool:
-        meta = obj.get("metadata", {})
-        if kind == "DELETED":
-            return str(meta.get("name", "")) in self._own_deletes
-        return str(meta.get("resourceVersion", "")) in self._own_versions
+        return jitter.backoff(failures, self._backoff_initial, self._backoff_max, self._rng)
 
     # ----- one pass -----------------------------------------------------------------------
 
     async def _ensure_node(self) -> str:
-        if self._node_uid is None or self._refresh_node:
-            try:
-                node = await self._kube.get_node(self._node)
-            except KubeApiError as error:
-                if error.status == 404:
-                    raise NodeMissingError(
-                        f"node {self._node!r} does not exist in the API server (yet); check --node-name "
-                        "matches the kubelet's node name",
-                        404,
-                        "NotFound",
-                    ) from error
-                raise
-            self._node_uid = str(node.get("metadata", {}).get("uid", ""))
-            self._refresh_node = False
-        return self._node_uid
+        return await self._shared.node_uid()
 
     async def _ensure_capabilities(self) -> Capabilities:
         if self._capabilities is not None:
             return self._capabilities
-        info = await self._kube.ensure_discovered()
-        try:
-            found = await capabilities.probe(self._kube, info, driver=self.driver, node_name=self._node)
-        except KubeApiError as error:
-            if error.status in (0, 429) or error.status >= 500:
-                raise  # an outage: retried with backoff like any pass
-            found = capabilities.guess(info)
-            log.warning(
-                "cannot probe what the API server accepts in ResourceSlices; going by its version until the "
-                "next resync",
-                extra=capabilities.describe(found, driver=self.driver, error=str(error)),
-            )
-        else:
-            log.info("API server capabilities probed", extra=capabilities.describe(found, driver=self.driver))
+        found = await self._shared.capabilities(self.driver, again=self._probe_again)
+        self._probe_again = False
         self._capabilities = found
         return found
 
-    async def _probe_kept(self, what: str, probe: Callable[..., Awaitable[bool]], info: ServerInfo) -> bool:
+    async def _probe_kept(self, what: str, probe: Callable[..., Awaitable[bool]]) -> bool:
         """Whether the server keeps `what` ("shared counters", "sharing fields"), asked with `probe`
         (kept, when it cannot say and no write showed otherwise)."""
         try:
-            kept = await probe(self._kube, info, driver=self.driver, node_name=self._node)
+            kept = await self._shared.kept(what, probe, self.driver)
         except KubeApiError as error:
             if error.status in (0, 429) or error.status >= 500:
                 raise  # an outage: retried with backoff like any pass
@@ -438,10 +384,10 @@ class SlicePublisher:
         node_uid = await self._ensure_node()
         devices: Sequence[Device] = self._inventory.devices()
         if caps.counters is None and any(d.counter_sets or d.consumes_counters for d in devices):
-            kept = await self._probe_kept(COUNTERS_SAID, capabilities.probe_counters, info)
+            kept = await self._probe_kept(COUNTERS_SAID, capabilities.probe_counters)
             caps = self._capabilities = caps.with_counters(kept)
         if caps.shares is None and any(d.allow_multiple_allocations for d in devices):
-            kept = await self._probe_kept(SHARES_SAID, capabilities.probe_shares, info)
+            kept = await self._probe_kept(SHARES_SAID, capabilities.probe_shares)
             caps = self._capabilities = caps.with_shares(kept)
         withheld: list[str] = []
         if caps.counters is False:
@@ -459,7 +405,7 @@ class SlicePublisher:
             minor=server_minor(info.git_version),
         )
         self._report.rejected(desired.problems)
-        current, _ = await self._kube.list_resource_slices(node_name=self._node, driver=self.driver)
+        current = await self._shared.slices(self.driver)
         target = PoolTarget(self.driver, self._node, node_uid, info.slice_version)
         plan = plan_pool(current, desired.chunks, target, desired.counters)
         stored = await self._apply(plan)
@@ -520,22 +466,30 @@ class SlicePublisher:
         return result
 
     async def _apply(self, plan: PoolPlan) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        """Send the plan's writes; returns (sent, stored) for each create and update."""
-        for old in plan.deletes:
-            meta = old.get("metadata", {})
-            name = str(meta.get("name", ""))
-            self._own_deletes.append(name)
-            await self._write(
-                "delete",
-                self._kube.delete_resource_slice(
-                    name, uid=str(meta.get("uid", "")), resource_version=str(meta.get("resourceVersion", ""))
-                ),
-            )
+        """Send the plan's writes; returns (sent, stored) for each create and update.
+
+        Watch events that arrive meanwhile are judged once the answers are in: our own ADDED
+        event can come before our create's answer (`NodeApiCache.writing`).
+        """
         stored: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        for body in plan.updates:
-            stored.append((body, await self._write("update", self._kube.update_resource_slice(body))))
-        for body in plan.creates:
-            stored.append((body, await self._write("create", self._kube.create_resource_slice(body))))
+        with self._shared.writing(self.driver):
+            for old in plan.deletes:
+                meta = old.get("metadata", {})
+                name = str(meta.get("name", ""))
+                self._shared.deleting(name)
+                await self._write(
+                    "delete",
+                    self._kube.delete_resource_slice(
+                        name,
+                        uid=str(meta.get("uid", "")),
+                        resource_version=str(meta.get("resourceVersion", "")),
+                    ),
+                )
+                self._shared.deleted(name)
+            for body in plan.updates:
+                stored.append((body, await self._write("update", self._kube.update_resource_slice(body))))
+            for body in plan.creates:
+                stored.append((body, await self._write("create", self._kube.create_resource_slice(body))))
         return stored
 
     async def _write(self, verb: str, call: Any) -> dict[str, Any]:
@@ -550,9 +504,7 @@ class SlicePublisher:
         if self._metrics is not None:
             self._metrics.api_writes.labels(RESOURCE, verb, "success").inc()
         if isinstance(stored, dict):
-            version = stored.get("metadata", {}).get("resourceVersion")
-            if version:
-                self._own_versions.append(str(version))
+            self._shared.wrote(stored)
             return stored
         return {}
 
