@@ -10,8 +10,12 @@ client (the kubelet is grpc-go; grpcio is the same C core family). Measured in t
 - prepare of a 1-device claim (claim GET, backend, CDI spec on a tmpfs as ``/var/run/cdi`` is,
   checkpoint on the disk with fsync) p50/p99,
   unprepare p50/p99;
-- 100 concurrent 1-claim prepares: wall time, errors, and the most TCP connections from the
-  agent to the API server seen at once (sampled from /proc every millisecond);
+- 100 concurrent 1-claim prepares, then their 100 concurrent 1-claim unprepares: wall time, each
+  call's own answer time from its send (p50, p90, max; p50 / wall near 1 means the answers all
+  arrive together at the end), errors, and the most TCP connections from the agent to the API
+  server seen at once (sampled from /proc every millisecond); the same bursts again written at
+  once on one HTTP/2 connection (`RawBurst`, "raw burst"), whose answer times are the agent's
+  alone (the grpcio client runs its callbacks late: even empty calls seem to arrive together);
 - RSS idle (after start-up settled) and after 1,000 prepares and the burst;
 - process start to registration socket, and after ``kill -9`` of the agent, the time from the
   restart to the answer of the kubelet's next prepare of an already prepared claim.
@@ -36,6 +40,8 @@ import http.client
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -49,6 +55,9 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import yaml
 
 from agent.core.atomicfile import write_atomic
@@ -147,6 +156,12 @@ class Kubelet:
             self.pb.NodePrepareResourcesRequest(claims=self._claims(claims)), timeout=timeout
         )
 
+    def prepare_request(self, claims: Sequence[Mapping[str, str]]) -> bytes:
+        return bytes(self.pb.NodePrepareResourcesRequest(claims=self._claims(claims)).SerializeToString())
+
+    def unprepare_request(self, claims: Sequence[Mapping[str, str]]) -> bytes:
+        return bytes(self.pb.NodeUnprepareResourcesRequest(claims=self._claims(claims)).SerializeToString())
+
     def prepare_future(self, claims: Sequence[Mapping[str, str]]) -> Any:
         request = self.pb.NodePrepareResourcesRequest(claims=self._claims(claims))
         return self.prepare_call.future(request, timeout=30)
@@ -155,6 +170,10 @@ class Kubelet:
         return self.unprepare_call(
             self.pb.NodeUnprepareResourcesRequest(claims=self._claims(claims)), timeout=10
         )
+
+    def unprepare_future(self, claims: Sequence[Mapping[str, str]]) -> Any:
+        request = self.pb.NodeUnprepareResourcesRequest(claims=self._claims(claims))
+        return self.unprepare_call.future(request, timeout=30)
 
     def close(self) -> None:
         self.channel.close()
@@ -221,6 +240,120 @@ def sampling(read: Callable[[], int], *, enabled: bool = True) -> Iterator[list[
     finally:
         stop.set()
         thread.join()
+
+
+class Burst:
+    """Calls sent at once, each one's answer time taken when its own answer arrives.
+
+    `latencies`: each call's time from its own send to its answer; `arrivals`: from the first
+    send to each answer. Answers that all arrive together at the end show as p50 close to `wall`.
+    """
+
+    def __init__(self, send: Callable[[Mapping[str, str]], Any], claims: Sequence[Mapping[str, str]]) -> None:
+        count = len(claims)
+        sent = [0.0] * count
+        answered = [0.0] * count
+        remaining = [count]
+        lock = threading.Lock()
+        all_answered = threading.Event()
+
+        def on_done(index: int) -> None:
+            answered[index] = time.perf_counter()
+            with lock:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    all_answered.set()
+
+        self.start = time.perf_counter()
+        futures = []
+        for index, claim in enumerate(claims):
+            sent[index] = time.perf_counter()
+            future = send(claim)
+            # Run by grpcio's thread when the answer arrives (at once if it already has).
+            future.add_done_callback(lambda _f, i=index: on_done(i))
+            futures.append(future)
+        self.answers = [f.result() for f in futures]
+        self.wall = time.perf_counter() - self.start
+        all_answered.wait(timeout=30)
+        self.latencies = [a - s for a, s in zip(answered, sent, strict=True)]
+        self.arrivals = [a - self.start for a in answered]
+
+    def figures(self, name: str) -> dict[str, float]:
+        return {
+            f"{name} wall (ms)": self.wall * 1000,
+            f"{name} per call p50 (ms)": pct(self.latencies, 0.5),
+            f"{name} per call p90 (ms)": pct(self.latencies, 0.9),
+            f"{name} per call max (ms)": max(self.latencies) * 1000,
+            f"{name} per call p50 / wall": pct(self.latencies, 0.5) / (self.wall * 1000),
+        }
+
+
+class RawBurst:
+    """A burst written at once on one HTTP/2 connection, each answer timed as its stream ends.
+
+    The grpcio client sends its calls one by one from Python and runs their callbacks only when
+    its main thread lets them: even calls without claims (which the agent answers in well under
+    a millisecond each) then seem to be answered together at the end. Here every request of the
+    burst leaves in one write, as a kubelet's pod workers would send them, and a single thread
+    reads the answers as they come, so the times are the agent's.
+    """
+
+    def __init__(self, path: Path, method: str, requests: Sequence[bytes]) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(30)  # an agent that never answers fails the benchmark, not hangs it
+            sock.connect(str(path))
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            conn.initiate_connection()
+            conn.increment_flow_control_window(1 << 24)
+            sock.sendall(conn.data_to_send())
+            headers = [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", method),
+                (":authority", "localhost"),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            ]
+            streams: dict[int, int] = {}
+            for index, request in enumerate(requests):
+                stream = conn.get_next_available_stream_id()
+                streams[stream] = index
+                conn.send_headers(stream, headers)
+                conn.send_data(stream, struct.pack(">BI", 0, len(request)) + request, end_stream=True)
+            bodies: dict[int, bytearray] = {stream: bytearray() for stream in streams}
+            answered = [0.0] * len(requests)
+            self.statuses = [""] * len(requests)
+            left = len(requests)
+            self.start = time.perf_counter()
+            sock.sendall(conn.data_to_send())
+            while left:
+                data = sock.recv(1 << 16)
+                now = time.perf_counter()
+                if not data:
+                    raise RuntimeError("the agent closed the connection during a burst")
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived):
+                        bodies[event.stream_id] += event.data
+                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    elif isinstance(event, h2.events.TrailersReceived | h2.events.ResponseReceived):
+                        status = dict(event.headers).get(b"grpc-status")
+                        if status is not None:
+                            index = streams[event.stream_id]
+                            self.statuses[index] = status.decode()
+                            answered[index] = now
+                            left -= 1
+                sock.sendall(conn.data_to_send())
+        self.wall = max(answered) - self.start
+        self.latencies = [a - self.start for a in answered]
+        self.replies = [bytes(bodies[stream][5:]) for stream in streams]
+
+    def figures(self, name: str) -> dict[str, float]:
+        return {
+            f"{name} wall (ms)": self.wall * 1000,
+            f"{name} per call p50 (ms)": pct(self.latencies, 0.5),
+            f"{name} per call p90 (ms)": pct(self.latencies, 0.9),
+            f"{name} per call p50 / wall": pct(self.latencies, 0.5) / (self.wall * 1000),
+        }
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -666,32 +799,71 @@ def run(
                     profiled(py_spy if round_ == 1 else "", "burst", agent.pid),
                     sampling(lambda: api_connections(agent.pid, port), enabled=round_ == 3) as connections,
                 ):
-                    start = time.perf_counter()
-                    futures = [kubelet.prepare_future([c]) for c in burst]
-                    answers = [f.result() for f in futures]
-                    wall = time.perf_counter() - start
+                    calls = Burst(lambda c: kubelet.prepare_future([c]), burst)
+                wall = calls.wall
+                answers = calls.answers
                 errors = sum(1 for a, c in zip(answers, burst, strict=True) if a.claims[c["uid"]].error)
-                kubelet.unprepare(burst)
+                # As the kubelet unprepares them: one call per pod, all at once.
+                unprepares = Burst(lambda c: kubelet.unprepare_future([c]), burst)
+                errors += sum(
+                    1 for a, c in zip(unprepares.answers, burst, strict=True) if a.claims[c["uid"]].error
+                )
                 time.sleep(settle)
                 if round_ == 1:
-                    figures["burst wall (ms)"] = wall * 1000
+                    figures.update(calls.figures("burst"))
+                    figures.update(unprepares.figures("burst of unprepares"))
                     figures["burst errors"] = errors
                     figures["RSS after prepares + burst (MiB)"] = rss_mib(agent.pid)
                 elif round_ == 2:
-                    figures["second burst wall (ms)"] = wall * 1000
+                    figures.update(calls.figures("second burst"))
+                    figures.update(unprepares.figures("second burst of unprepares"))
                     figures["RSS after a second burst (MiB)"] = rss_mib(agent.pid)
                 else:
                     figures["burst TCP connections to the API server (max)"] = max(connections, default=0)
                     figures["burst errors"] += errors
                     figures["third burst wall, sampling /proc every ms (ms)"] = wall * 1000
+            # The same bursts written at once on one connection, each answer timed as it comes
+            # (`RawBurst`): the agent's own answer times, without the grpcio client's.
+            for round_ in (1, 2):
+                burst = [
+                    api.allocated_claim(f"raw{round_}-{i}", devices[i % len(devices)]) for i in range(BURST)
+                ]
+                raw_prepares = RawBurst(
+                    agent.dra_socket, PREPARE, [kubelet.prepare_request([c]) for c in burst]
+                )
+                raw_unprepares = RawBurst(
+                    agent.dra_socket, UNPREPARE, [kubelet.unprepare_request([c]) for c in burst]
+                )
+                errors = sum(
+                    1
+                    for c, status, reply in zip(
+                        burst, raw_prepares.statuses, raw_prepares.replies, strict=True
+                    )
+                    if status != "0"
+                    or kubelet.pb.NodePrepareResourcesResponse.FromString(reply).claims[c["uid"]].error
+                )
+                errors += sum(
+                    1
+                    for c, status, reply in zip(
+                        burst, raw_unprepares.statuses, raw_unprepares.replies, strict=True
+                    )
+                    if status != "0"
+                    or kubelet.pb.NodeUnprepareResourcesResponse.FromString(reply).claims[c["uid"]].error
+                )
+                figures["burst errors"] += errors
+                time.sleep(settle)
+                if round_ == 2:  # the first warms the path up
+                    figures.update(raw_prepares.figures("raw burst"))
+                    figures.update(raw_unprepares.figures("raw burst of unprepares"))
+            raw_empties = RawBurst(agent.dra_socket, PREPARE, [b""] * BURST)
+            figures.update(raw_empties.figures("raw burst of empty calls"))
             figures["peak RSS (MiB)"] = rss_mib(agent.pid, "VmHWM")
 
             # The floors of the burst: the same 100 calls without claims (gRPC only), and the 100
             # claim GETs alone against the emulator with as many in flight as the agent allows.
-            start = time.perf_counter()
-            for future in [kubelet.prepare_future([]) for _ in range(BURST)]:
-                future.result()
-            figures["burst of 100 empty calls wall (ms)"] = (time.perf_counter() - start) * 1000
+            empties = Burst(lambda _c: kubelet.prepare_future([]), [{} for _ in range(BURST)])
+            figures["burst of 100 empty calls wall (ms)"] = empties.wall * 1000
+            figures["burst of 100 empty calls per call p50 (ms)"] = pct(empties.latencies, 0.5)
             figures["100 claim GETs, 3 in flight, wall (ms)"] = get_all(url, burst, 3) * 1000
 
             figures["kill -9, restart to next prepare answered (ms)"] = kill_and_restart(

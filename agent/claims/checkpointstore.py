@@ -16,6 +16,20 @@ from agent.claims.checkpointwrites import _close, _OpenFile, _read_file, _still_
 from agent.core.errors import AgentError
 
 
+class _InFlight:
+    """The write in progress: the changes it carries and the events its end sets."""
+
+    __slots__ = ("covers", "done", "ended")
+
+    def __init__(self, covers: int) -> None:
+        self.covers = covers
+        """The changes numbered up to this one are in the write (made before it started)."""
+        self.done = anyio.Event()
+        """Waited on by the calls whose change it carries."""
+        self.ended = anyio.Event()
+        """Waited on by the calls whose change came after it started (set first: the next write)."""
+
+
 class CheckpointWriteError(AgentError):
     """The checkpoint could not be written; the previous file is intact."""
 
@@ -41,10 +55,13 @@ class CheckpointStore:
         """UIDs changed in memory since `take_touched` (what the gauges and listener must look at)."""
         self._compact = True
         """The next write writes a new snapshot (the file is not known to hold memory's entries)."""
-        self._write_lock = anyio.Lock(fast_acquire=True)  # no loop trip when uncontended
+        self._in_flight: _InFlight | None = None
+        """The write in progress (one at a time), or None."""
         self._changes = 0
         self._written = 0
         self._synced = 0
+        self._sync_wanted = 0
+        """The last change waited for durably: a write that carries it fsyncs."""
         self._file: _OpenFile | None = None
         self._befores: list[_Action] = []
         self._afters: list[_Action] = []
@@ -233,60 +250,97 @@ class CheckpointStore:
         self._changed = {}
 
     async def _commit(self, undo: Callable[[], None], *, durable: bool = True) -> None:
+        """Return once a write that started after this change is done (durable: and fsynced).
+
+        Group commit: one write at a time carries every change made before it started. A write
+        closes when it starts: a change made while it is in flight waits for it to end, then for
+        the next one, which the first such caller to run starts with all changes made until then.
+        A write's end wakes all its waiters at once, each answered as soon as its own change is
+        on disk, never behind a later write nor behind the other waiters one by one.
+        """
         self._changes += 1
         mine = self._changes
+        if durable:
+            self._sync_wanted = mine
         try:
-            async with self._write_lock:
-                # A write that started after our change already covered it (group commit).
-                if (self._synced if durable else self._written) >= mine:
-                    return
-                covered = self._changes
-                befores, self._befores = self._befores, []
-                afters: list[_Action] = []
-                if durable:  # an after waits for its change to be durable
-                    afters, self._afters = self._afters, []
-                stages, self._stages = self._stages, []
-                durable = durable or bool(stages)
-                job = _Write(
-                    self.boot_id,
-                    dict(self._entries),
-                    self._changed,
-                    befores,
-                    afters,
-                    stages,
-                    durable,
-                    self._compact,
-                    self._peers,
-                )
-                self._changed = {}
-                failed: OSError | None = None
-                try:
-                    self._file, failed = await anyio.to_thread.run_sync(
-                        _write_group, self.path, job, self._file, self._texts
-                    )
-                finally:
-                    for before in befores:
-                        if before.error is not None:
-                            self._restore(before.uid, before.previous)
-                    for stage in stages:
-                        if failed is not None and stage.error is None:  # started stays; the owner rolls back
-                            stage.error = self._write_error(failed)
-                        elif stage.result is not None:
-                            self._set(stage.uid, stage.result)
-                            self._changed.pop(stage.uid, None)  # on disk already
-                    # The write failed: the afters wait for the next durable write (their owners retry).
-                    self._afters.extend(a for a in afters if not a.done)
-                if failed is not None:
-                    self._compact = True  # memory is undone below: only a new snapshot is sure to match
-                    raise failed
-                self._compact = False
-                self._written = covered
-                if durable:
-                    self._synced = covered
+            while (self._synced if durable else self._written) < mine:
+                write = self._in_flight
+                if write is None:
+                    await self._write(durable)
+                elif mine <= write.covers:
+                    await write.done.wait()  # it carries our change (durably, when we wait so)
+                else:
+                    await write.ended.wait()  # made while it is in flight: for the next write
         except OSError as error:
             # No await between the failed write and the undo: no other write sees our change.
             undo()
             raise self._write_error(error) from error
+
+    async def _write(self, durable: bool) -> None:
+        """Write every change made until now, and the actions and stages waiting; raises OSError."""
+        covered = self._changes
+        write = self._in_flight = _InFlight(covered)
+        try:
+            befores, self._befores = self._befores, []
+            stages, self._stages = self._stages, []
+            # Durable when any change it carries is waited for durably: a write without fsync
+            # would leave that waiter for the next write, and a stream of such writes starve it.
+            durable = durable or bool(stages) or self._sync_wanted > self._synced
+            afters: list[_Action] = []
+            if durable:  # an after waits for its change to be durable
+                afters, self._afters = self._afters, []
+            job = _Write(
+                self.boot_id,
+                dict(self._entries),
+                self._changed,
+                befores,
+                afters,
+                stages,
+                durable,
+                self._compact,
+                self._peers,
+            )
+            self._changed = {}
+            failed: OSError | None = None
+            try:
+                self._file, failed = await anyio.to_thread.run_sync(
+                    _write_group, self.path, job, self._file, self._texts
+                )
+            except BaseException:
+                # Not written: cancelled before a worker thread took it (waiting for one), or a bug.
+                # What it took goes back for the next write: the records (written twice is no
+                # harm), the actions that did not run, the stages; a new snapshot to be sure.
+                self._changed = {**dict.fromkeys(job.changed), **self._changed}
+                self._befores[:0] = [before for before in befores if not before.done]
+                self._stages[:0] = [s for s in stages if s.result is None and s.error is None]
+                self._compact = True
+                raise
+            finally:
+                for before in befores:
+                    if before.error is not None:
+                        self._restore(before.uid, before.previous)
+                for stage in stages:
+                    if failed is not None and stage.error is None:  # started stays; the owner rolls back
+                        stage.error = self._write_error(failed)
+                    elif stage.result is not None:
+                        self._set(stage.uid, stage.result)
+                        self._changed.pop(stage.uid, None)  # on disk already
+                # The write failed: the afters wait for the next durable write (their owners retry).
+                self._afters.extend(a for a in afters if not a.done)
+            if failed is not None:
+                self._compact = True  # memory is undone below: only a new snapshot is sure to match
+                raise failed
+            self._compact = False
+            self._written = covered
+            if durable:
+                self._synced = covered
+        finally:
+            self._in_flight = None
+            # Its waiters run on the loop's next pass (a failed write's owner has undone its change
+            # by then): first those for the next write, whose first starts it; then the others,
+            # answered while it is written.
+            write.ended.set()
+            write.done.set()
 
     def _write_error(self, error: OSError) -> CheckpointWriteError:
         return CheckpointWriteError(

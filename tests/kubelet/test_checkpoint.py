@@ -36,7 +36,7 @@ from agent.claims.checkpoint import (
 )
 from agent.claims.checkpointload import load_checkpoint, read_boot_id, remove_temp_files
 from agent.claims.checkpointpeers import PeerWatch
-from agent.claims.checkpointstore import CheckpointStore, CheckpointWriteError
+from agent.claims.checkpointstore import CheckpointStore, CheckpointWriteError, _InFlight
 from agent.core.sharing import OpaqueConfig
 from tests.support.hops import count_hops
 
@@ -488,9 +488,12 @@ async def test_a_put_cancelled_before_its_write_drops_its_entry_and_action(tmp_p
     held, release = anyio.Event(), anyio.Event()
 
     async def writing() -> None:  # a write in progress: the put waits for it
-        async with store._write_lock:
-            held.set()
-            await release.wait()
+        store._in_flight = write = _InFlight(0)
+        held.set()
+        await release.wait()
+        store._in_flight = None
+        write.ended.set()
+        write.done.set()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(writing)
