@@ -92,6 +92,10 @@ class _ClosingServer(Server):
                 connection.close()
 
 
+COALESCE_BUDGET_SECONDS = 0.001
+"""How long a burst's answers may wait to share one send."""
+
+
 class _CoalescingTransport:
     """A transport whose writes leave in one send per event-loop iteration while calls overlap.
 
@@ -106,16 +110,23 @@ class _CoalescingTransport:
         self._transport = transport
         self._overlapping = overlapping
         self._pending: list[bytes] = []
+        self._since = 0.0
 
     def write(self, data: bytes) -> None:
         if not data:
             return
+        loop = asyncio.get_running_loop()
         if not self._pending:
             if not self._overlapping():
                 self._transport.write(data)  # type: ignore[attr-defined]
                 return
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush)
+            self._since = loop.time()
         self._pending.append(data)
+        if loop.time() - self._since > COALESCE_BUDGET_SECONDS:
+            # One loop iteration of a large burst can answer for tens of ms: what is ready goes
+            # out instead of waiting for the whole iteration (each answer as soon as it is ready).
+            self._flush()
 
     def _flush(self) -> None:
         data, self._pending = b"".join(self._pending), []

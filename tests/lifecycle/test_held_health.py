@@ -31,6 +31,7 @@ from tests.lifecycle.harness import NODE, NVIDIA, AgentPod, chart_pod, device_ta
 
 DEVICE = "gpu-0"
 INTERVAL = 3.0
+XID79 = {"op": "inject", "device": DEVICE, "condition": "xid", "value": "79", "severity": "critical"}
 
 
 def values(control: Path, hold: float, **extra: Any) -> dict[str, Any]:
@@ -72,6 +73,13 @@ class Node:
         pod = AgentPod(spec, self.root / f"{name}.log").start()
         self.pods.append(pod)
         return pod
+
+    async def xid79(self, hold: float) -> tuple[AgentPod, dict[str, Any]]:
+        """A first pod (control socket ``a.sock``) holding XID 79 on `DEVICE`; its taint."""
+        first = self.start("first", values(self.root / "a.sock", hold))
+        await until(lambda: DEVICE in device_taints(self.emu, NVIDIA), "the first slices")
+        await request(str(self.root / "a.sock"), XID79)
+        return first, await until(lambda: taint(self.emu, "xid"), "the XID 79 taint")
 
     def no_traceback(self) -> None:
         for pod in self.pods:
@@ -116,12 +124,8 @@ async def test_a_stricter_policy_after_a_restart_keeps_the_published_effect_of_a
 ) -> None:
     hold = 60.0
     node = Node(root, emu)
-    first = node.start("first", values(root / "a.sock", hold))
     try:
-        await until(lambda: DEVICE in device_taints(emu, NVIDIA), "the first slices")
-        inject = {"op": "inject", "device": DEVICE, "condition": "xid", "value": "79", "severity": "critical"}
-        await request(str(root / "a.sock"), inject)
-        before = await until(lambda: taint(emu, "xid"), "the XID 79 taint")
+        first, before = await node.xid79(hold)
         assert before["effect"] == "NoSchedule"
         first.kill()
 
@@ -134,7 +138,7 @@ async def test_a_stricter_policy_after_a_restart_keeps_the_published_effect_of_a
         assert len(events) == 1 and "NoExecute" in events[0]["message"], events
 
         # A new fault follows the new policy.
-        await request(str(root / "b.sock"), inject)
+        await request(str(root / "b.sock"), XID79)
         after = await until(
             lambda: (t := taint(emu, "xid")) and t["effect"] == "NoExecute" and t, "NoExecute"
         )
@@ -151,12 +155,8 @@ async def test_a_held_taint_survives_an_outage_after_which_the_kubelet_deleted_t
 ) -> None:
     hold = 300.0
     node = Node(root, emu)
-    first = node.start("first", values(root / "a.sock", hold))
     try:
-        await until(lambda: DEVICE in device_taints(emu, NVIDIA), "the first slices")
-        inject = {"op": "inject", "device": DEVICE, "condition": "xid", "value": "79", "severity": "critical"}
-        await request(str(root / "a.sock"), inject)
-        before = await until(lambda: taint(emu, "xid"), "the XID 79 taint")
+        first, before = await node.xid79(hold)
         held = root / "node" / "var" / "lib" / "dra-agent" / NVIDIA / "health.json"
         await until(lambda: held.exists() and b'"xid"' in held.read_bytes(), "the held-conditions file")
         first.kill()

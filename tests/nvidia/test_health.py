@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pynvml as real
@@ -14,7 +13,6 @@ from agent.core.errors import ConfigError
 from agent.core.inventory import Inventory
 from agent.core.model import HealthStatus, Severity
 from agent.health.tracker import HealthTracker
-from backends.nvidia.backend import NvidiaBackend
 from backends.nvidia.health import XidPolicy, parse_xids
 from tests.fakes.fake_pynvml import (
     ALL_HEALTH_EVENTS,
@@ -26,7 +24,7 @@ from tests.fakes.fake_pynvml import (
     h100,
     l4,
 )
-from tests.nvidia.conftest import BackendFactory, Sink, until
+from tests.nvidia.conftest import BackendFactory, Sink, monitoring, until
 from tests.support.clock import FakeClock
 
 A100 = "GPU-a1000000-0000-0000-0000-000000000000"
@@ -38,17 +36,6 @@ A100_MIGS = [
     "gpu-0-mig-2g20gb-14-0",
     "gpu-0-mig-3g40gb-9-4",
 ]
-
-
-@asynccontextmanager
-async def monitoring(backend: NvidiaBackend, sink: Sink) -> AsyncIterator[anyio.abc.TaskGroup]:
-    """Run the backend's health monitor for the duration of the block."""
-    await backend.start()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(backend.monitor_health, sink)
-        yield tg
-        tg.cancel_scope.cancel()
-    await backend.stop()
 
 
 async def registered(fake: FakeNvml, count: int = 1) -> None:
