@@ -24,7 +24,7 @@ monitor returns within one wait. Conditions (for the taint policy):
 Which GPUs carry these two states is kept in `HealthState`, which outlives one monitor, so a
 monitor started for a new discovery knows what to clear.
 
-A health pass (`backends.nvidia.checks`) runs every ``health_interval`` seconds besides the
+A health pass (`backends.nvidia.checks` reads, `backends.nvidia.healthpass` interprets) runs every ``health_interval`` seconds besides the
 events, at start too, and after any other call (telemetry, discovery, a prepare) met GPU_IS_LOST
 on a GPU (`HealthState.suspect`): it asks every GPU whether it answers (``gpu-lost`` without any
 event), reads its ECC counters (``ecc-uncorrectable`` on GPUs without ECC events), retired pages,
@@ -67,17 +67,9 @@ from agent.core.model import Severity
 from agent.core.vendorcall import STOP_TIMEOUT, VendorCallTimeoutError, acquire_when_free
 from backends.nvidia.checks import (
     ANSWERS,
-    ECC_CORRECTABLE_RATE,
-    NVLINK_ERRORS,
     PASS_CONDITIONS,
-    PCIE_REPLAY_RATE,
-    RECOVERY_ACTION,
     RECOVERY_ACTION_CHECK,
-    RECOVERY_ACTIONS,
     RECOVERY_NONE,
-    RETIRED_PAGES_PENDING,
-    ROW_REMAP_FAILURE,
-    ROW_REMAP_PENDING,
     TREND_WINDOW,
     EccCounts,
     GpuAsk,
@@ -87,6 +79,7 @@ from backends.nvidia.checks import (
     read_gpu_sync,
 )
 from backends.nvidia.discovery import INVALID_INSTANCE_ID, GpuInfo, NvDevice
+from backends.nvidia.healthpass import ECC_UNCORRECTABLE, PassResults
 from backends.nvidia.nvml import Nvml, text
 
 log = logging.getLogger("agent.backends.nvidia.health")
@@ -97,7 +90,6 @@ APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 XID = "xid"
 GPU_LOST = "gpu-lost"
 UNMONITORED = "unmonitored"
-ECC_UNCORRECTABLE = "ecc-uncorrectable"
 ECC_CORRECTABLE = "ecc-correctable"
 CONDITIONS = (XID, GPU_LOST, UNMONITORED, ECC_UNCORRECTABLE, ECC_CORRECTABLE, *PASS_CONDITIONS)
 """Every condition this monitor reports (the backend's `health_conditions`)."""
@@ -169,7 +161,7 @@ class _Outcome:
         self.error = error
 
 
-class HealthMonitor:
+class HealthMonitor(PassResults):
     """Watch NVML events for `devices` and report `HealthEvent`s to a sink until cancelled."""
 
     def __init__(
@@ -488,213 +480,6 @@ class HealthMonitor:
         for event in events:
             await sink(event)
         report_pass(sink, looked, failed_checks=sorted(failed))
-
-    def _check_failed(self, uuid: str, checks: GpuChecks, check: str, why: str) -> None:
-        if check in checks.failing:
-            return
-        checks.failing.add(check)
-        log.warning(
-            "GPU health check failed: the GPU is left out of this pass, not marked",
-            extra=log_fields(gpu=uuid, check=check, error=why),
-        )
-
-    def _apply(self, gpu: GpuInfo, checks: GpuChecks, reading: GpuReading) -> list[HealthEvent]:
-        """Turn one GPU's reading into conditions; remember baselines and what was raised."""
-        uuid = gpu.uuid
-        for check, why in reading.unsupported.items():
-            if check not in checks.unsupported:
-                checks.unsupported.add(check)
-                checks.failing.discard(check)
-                log.info(
-                    "GPU health check not supported: skipped for this GPU from now on",
-                    extra=log_fields(gpu=uuid, check=check, reason=why),
-                )
-                if check == RECOVERY_ACTION_CHECK:
-                    # No recovery reports: the taint policy's hold time ends its faults.
-                    self._faulted.pop(uuid, None)
-                    self._recovering.discard(uuid)
-        for check, why in reading.failed.items():
-            self._check_failed(uuid, checks, check, why)
-        if reading.links is not None:
-            checks.links, checks.links_at = reading.links, self._clock.monotonic()
-        elif NVLINK_ERRORS in reading.failed:
-            checks.links = None  # a link may have gone: ask the states again
-        for check in sorted(checks.failing - reading.failed.keys()):
-            checks.failing.discard(check)
-            log.info("GPU health check works again", extra=log_fields(gpu=uuid, check=check))
-        now = self._clock.time()
-        events: list[HealthEvent] = []
-        before = checks.ecc
-        rose = before.uncorrected is not None and (reading.ecc_uncorrected or 0) > before.uncorrected
-        if rose:
-            log.error(
-                "uncorrectable ECC errors counted",
-                extra=log_fields(gpu=uuid, before=before.uncorrected, now=reading.ecc_uncorrected),
-            )
-            events.extend(
-                self._conditions(
-                    gpu,
-                    self.devices_of(uuid),
-                    condition=ECC_UNCORRECTABLE,
-                    severity=Severity.CRITICAL,
-                    value="",
-                    message=(
-                        f"uncorrectable ECC errors: volatile count {before.uncorrected} -> "
-                        f"{reading.ecc_uncorrected}"
-                    ),
-                    now=now,
-                )
-            )
-        # A counter that went down was reset (GPU reset): the new reading is the new baseline.
-        checks.ecc = EccCounts(
-            reading.ecc_corrected if reading.ecc_corrected is not None else before.corrected,
-            reading.ecc_uncorrected if reading.ecc_uncorrected is not None else before.uncorrected,
-        )
-        if reading.retired_pending is not None:
-            events.extend(
-                self._state(
-                    gpu,
-                    checks,
-                    RETIRED_PAGES_PENDING,
-                    Severity.WARNING,
-                    reading.retired_pending,
-                    message="retired pages pending: reset the GPU or reboot the node to retire them",
-                )
-            )
-        rows = reading.row_remap
-        if rows is not None:
-            events.extend(
-                self._state(
-                    gpu,
-                    checks,
-                    ROW_REMAP_FAILURE,
-                    Severity.CRITICAL,
-                    rows.failure,
-                    message=f"row remapping failed ({rows.uncorrectable} rows remapped for uncorrectable "
-                    "errors): the GPU needs service",
-                )
-            )
-            events.extend(
-                self._state(
-                    gpu,
-                    checks,
-                    ROW_REMAP_PENDING,
-                    Severity.WARNING,
-                    rows.pending,
-                    message="row remapping pending: reset the GPU to apply it",
-                )
-            )
-        if reading.recovery_action is not None:
-            events.extend(self._apply_recovery(gpu, checks, reading.recovery_action))
-        mono = self._clock.monotonic()
-        for trend, value in (
-            (ECC_CORRECTABLE_RATE, reading.ecc_corrected),
-            (PCIE_REPLAY_RATE, reading.pcie_replays),
-            (NVLINK_ERRORS, reading.nvlink_errors),
-        ):
-            if value is None:
-                continue
-            rate = checks.rate(trend, mono, value)
-            if rate is None:
-                continue
-            threshold = self._thresholds.of(trend)
-            events.extend(
-                self._state(
-                    gpu,
-                    checks,
-                    trend,
-                    Severity.INFO,
-                    rate > threshold,
-                    message=f"{rate:.1f} errors per minute over the last minute (threshold {threshold:g})",
-                )
-            )
-        return events
-
-    def _apply_recovery(self, gpu: GpuInfo, checks: GpuChecks, action: int) -> list[HealthEvent]:
-        """The ``recovery-action`` state, and the end of XID/ECC faults when the action is back to NONE."""
-        uuid = gpu.uuid
-        checks.recovery_action = action
-        events = self._state(
-            gpu,
-            checks,
-            RECOVERY_ACTION,
-            Severity.CRITICAL,
-            action != RECOVERY_NONE,
-            value=RECOVERY_ACTIONS.get(action, str(action)),
-            message="the driver asks for a recovery action"
-            if action != RECOVERY_NONE
-            else "recovery action is none",
-        )
-        keys = self._faulted.get(uuid)
-        if keys is None:
-            return events
-        if action != RECOVERY_NONE:
-            self._recovering.add(uuid)
-            return events
-        del self._faulted[uuid]
-        if uuid not in self._recovering:
-            # NONE from the start: the driver asks for nothing; the hold time applies.
-            return events
-        self._recovering.discard(uuid)
-        log.info("GPU recovered (recovery action none)", extra=log_fields(gpu=uuid))
-        now = self._clock.time()
-        events.extend(
-            HealthEvent(
-                device,
-                condition,
-                Severity.CRITICAL,
-                value,
-                "recovery action is none",
-                ConditionKind.EVENT,
-                cleared=True,
-                at=now,
-            )
-            for device, condition, value in sorted(keys)
-        )
-        return events
-
-    def _state(
-        self,
-        gpu: GpuInfo,
-        checks: GpuChecks,
-        condition: str,
-        severity: Severity,
-        active: bool,
-        *,
-        message: str,
-        value: str = "",
-    ) -> list[HealthEvent]:
-        """Raise or clear a STATE condition the pass owns, on every device of `gpu`, on change only."""
-        raised = checks.raised.get(condition)
-        if active and raised == value:
-            return []
-        if not active and raised is None:
-            return []
-        now = self._clock.time()
-        names = [d.name for d in self.devices_of(gpu.uuid)]
-        events: list[HealthEvent] = []
-        if raised is not None:
-            # Cleared with the value it was raised with (a new value is a new condition).
-            del checks.raised[condition]
-            log.info("GPU condition ended", extra=log_fields(gpu=gpu.uuid, condition=condition, value=raised))
-            events.extend(
-                HealthEvent(
-                    n, condition, severity, raised, message, ConditionKind.STATE, cleared=True, at=now
-                )
-                for n in names
-            )
-        if active:
-            checks.raised[condition] = value
-            log.log(
-                logging.INFO if severity is Severity.INFO else logging.WARNING,
-                "GPU condition",
-                extra=log_fields(gpu=gpu.uuid, condition=condition, value=value, detail=message),
-            )
-            events.extend(
-                HealthEvent(n, condition, severity, value, message, ConditionKind.STATE, at=now)
-                for n in names
-            )
-        return events
 
     # -- event handling -------------------------------------------------------------------------
 
