@@ -24,12 +24,13 @@ monitor returns within one wait. Conditions (for the taint policy):
 Which GPUs carry these two states is kept in `HealthState`, which outlives one monitor, so a
 monitor started for a new discovery knows what to clear.
 
-A health pass (`backends.nvidia.checks` reads, `backends.nvidia.healthpass` interprets) runs every ``health_interval`` seconds besides the
-events, at start too, and after any other call (telemetry, discovery, a prepare) met GPU_IS_LOST
-on a GPU (`HealthState.suspect`): it asks every GPU whether it answers (``gpu-lost`` without any
-event), reads its ECC counters (``ecc-uncorrectable`` on GPUs without ECC events), retired pages,
-row remapping, recovery action and error-rate trends, and tells the core what it looked at
-(`report_pass`). Its ECC readings are telemetry's too (`GpuChecks.ecc`): one read per pass.
+A health pass (`backends.nvidia.checks` reads, `backends.nvidia.healthpass` interprets) runs every
+``health_interval`` seconds besides the events, at start too, and after any other call (telemetry,
+discovery, a prepare) met GPU_IS_LOST on a GPU (`HealthState.suspect`): it asks every GPU whether
+it answers (``gpu-lost`` without any event), reads its ECC counters (``ecc-uncorrectable`` on GPUs
+without ECC events), retired pages, row remapping, recovery action and error-rate trends, and tells
+the core what it looked at (`report_pass`). Its ECC readings are telemetry's too (`GpuChecks.ecc`):
+one read per pass.
 
 Recovery: where the driver reports ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (read by the pass), the
 XID/ECC conditions of a GPU whose action went back to NONE are cleared; elsewhere the taint
