@@ -46,7 +46,8 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ConfigError
 from agent.core.logs import log_fields
 from agent.core.sharing import ConsumableShares
-from backends.fake.backend import FakeBackend, FaultError, FaultInjector, PrepareFaults, with_driver
+from backends.fake.backend import FakeBackend, FaultError, PrepareFaults, with_driver
+from backends.fake.faults import FaultInjector
 from backends.fake.profile import load_profile
 
 # `driver` comes through `BackendOptions.driver_name`; it is listed so that it is accepted here.

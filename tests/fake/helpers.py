@@ -15,7 +15,8 @@ import anyio.lowlevel
 from agent.core.backend import BackendOptions, HealthEvent
 from agent.core.clock import Clock
 from backends.fake import create_backend
-from backends.fake.backend import FakeBackend, FaultInjector
+from backends.fake.backend import FakeBackend
+from backends.fake.faults import FaultInjector
 
 
 def make_backends(

@@ -9,8 +9,9 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from backends.fake.backend import FakeBackend, FaultInjector
+from backends.fake.backend import FakeBackend
 from backends.fake.control import ControlError, request, unlink_socket
+from backends.fake.faults import FaultInjector
 from tests.fake.helpers import Collector, exists, make_backends, read_text, short_socket_path, write_text
 
 

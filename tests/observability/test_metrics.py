@@ -28,7 +28,8 @@ from agent.observe.telemetry import TelemetryPoller
 from backends.amd import health as amd_health
 from backends.amd.backend import AmdBackend
 from backends.fake.backend import CONDITIONS as FAKE_CONDITIONS
-from backends.fake.backend import FakeBackend, FaultInjector
+from backends.fake.backend import FakeBackend
+from backends.fake.faults import FaultInjector
 from backends.nvidia import health as nvidia_health
 from backends.nvidia.backend import NvidiaBackend
 from tests.observability.fakes import DRIVER, TelemetryBackend
