@@ -3,20 +3,17 @@
 Requests and answers are plain JSON dicts: the resource.k8s.io shapes differ between v1, v1beta2
 and v1beta1 and typed models would only add churn (and ~700 classes of memory). kubernetes-asyncio
 provides the ``Configuration`` (server, TLS files, token and its refresh, see
-`agent.kube.credentials`); the HTTP transport is our own HTTP/1.1 client on asyncio protocol callbacks
-(`agent.kube.transport`; aiohttp cost ~110 ms to import, on the way to the first claim read after
-a restart): one keep-alive connection pool for every call, at most `REQUEST_CONCURRENCY` requests
-in flight (so at most that many connections besides one per open watch), the proxy resolved once.
-Every request has a timeout; every failure becomes `agent.core.errors.KubeApiError` with the
-HTTP status (0 when the API server did not answer).
-"""
+`agent.kube.credentials`); the requests go through one aiohttp session (`agent.kube.transport`):
+one keep-alive connection pool for every call, at most `REQUEST_CONCURRENCY` requests in flight
+(so at most that many connections besides one per open watch). Every request has a timeout;
+every failure becomes `agent.core.errors.KubeApiError` with the HTTP status (0 when the API
+server did not answer)."""
 
 from __future__ import annotations
 
 import inspect
 import json
 import logging
-import os
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -145,11 +142,10 @@ class KubeClient:
         try:
             self._http = HttpClient(
                 base,
-                # Loading the system CA store costs ~0.1 s: only for HTTPS (in-cluster names its CA file).
                 ssl_context=_ssl_context(cfg) if base.startswith("https:") else None,
                 server_name=cfg.tls_server_name or None,
-                # The proxy is resolved once (here), not per request.
-                proxy=cfg.proxy or _environment_proxy(base),
+                # The kubeconfig's proxy-url; without, aiohttp's from the environment.
+                proxy=cfg.proxy or None,
                 proxy_headers=cfg.proxy_headers or None,
                 limit=CONNECTION_LIMIT,
                 keepalive=KEEPALIVE_SECONDS,
@@ -367,18 +363,11 @@ class KubeClient:
                     except (ValueError, HttpError):
                         data = {}
                     raise _api_error("WATCH", path, response.status, data)
-                buffer = b""
                 try:
-                    while (chunk := await response.next_part()) is not None:
-                        buffer += chunk
-                        while b"\n" in buffer:
-                            line, buffer = buffer.split(b"\n", 1)
-                            if line.strip():
-                                yield _watch_event(path, line)
+                    async for line in response.lines():
+                        yield _watch_event(path, line)
                 except HttpError as error:
                     raise KubeApiError(f"WATCH {path}: {error}") from error
-                if buffer.strip():
-                    yield _watch_event(path, buffer)
         except HttpError as error:
             raise KubeApiError(f"GET {path}: API server {error}") from error
 
@@ -446,19 +435,6 @@ def _ssl_context(cfg: Any) -> ssl.SSLContext:
     if getattr(cfg, "disable_strict_ssl_verification", False):
         context.verify_flags &= ~ssl.VERIFY_X509_STRICT
     return context
-
-
-def _environment_proxy(url: str) -> str | None:
-    """The proxy ``HTTPS_PROXY``/``HTTP_PROXY`` name for `url`, unless ``NO_PROXY`` exempts it."""
-    if not any(name.lower().endswith("_proxy") and value for name, value in os.environ.items()):
-        return None  # the common case, without importing urllib.request (~15 ms)
-    import urllib.request
-
-    scheme, _, rest = url.partition("://")
-    host = rest.split("/", 1)[0].rsplit(":", 1)[0].strip("[]")
-    if urllib.request.proxy_bypass(host):
-        return None
-    return urllib.request.getproxies_environment().get(scheme)
 
 
 def _api_error(method: str, path: str, status: int, data: Any) -> KubeApiError:

@@ -12,20 +12,18 @@ their submodules (``config``, ``client.configuration``...) import normally, and 
 attribute (``client.V1Pod``) runs the real ``__init__`` on first use, so code that needs the
 generated classes (the tests, the emulator's tools) still gets them. ``client.ApiClient``
 (imported by the kubeconfig loader, used only by ``new_client_from_config``) is, for that module
-alone, a stand-in that loads the real class when called; so is ``config.openid.OpenIDRequestor``
-(the OIDC token refresh, used only by kubeconfigs with an ``oidc`` auth provider), whose module
-imports aiohttp (~110 ms, the agent's own HTTP client does without). This relies on the layout of
-kubernetes-asyncio 31 to 36 (``config.kube_config`` and ``config.incluster_config`` import
-``Configuration``/``ApiClient`` from ``kubernetes_asyncio.client``, ``kube_config`` imports
-``OpenIDRequestor`` from ``config.openid``); ``tests/kube/test_credentials.py``
-checks it against the installed version (31.1.0, 33.3.0 and 36.1.0 were checked). Should a later
-release break it, the agent falls back to the full import: it still works, at the old cost.
+alone, a stand-in that loads the real class when called. Everything else is the library's own:
+the kubeconfig and in-cluster loaders, exec plugins, the OIDC refresh (on aiohttp, which the
+agent's client uses too). This relies on the layout of kubernetes-asyncio 31 to 36
+(``config.kube_config`` and ``config.incluster_config`` import ``Configuration``/``ApiClient``
+from ``kubernetes_asyncio.client``); ``tests/kube/test_credentials.py`` checks it against the
+installed version (31.1.0, 33.3.0 and 36.1.0 were checked). Should a later release break it, the
+agent falls back to the full import: it still works, at the old cost.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
 import importlib.util
 import logging
 import os
@@ -46,15 +44,11 @@ MAX_KUBECONFIG_BYTES = 16 * MIB
 """Far above a kubeconfig with many clusters and embedded certificates."""
 _ROOT = "kubernetes_asyncio"
 _CLIENT = f"{_ROOT}.client"
-_OPENID = f"{_ROOT}.config.openid"
 
 
-def _deferred_module(name: str, attribute: Any, path: list[str] | None = None) -> ModuleType:
-    """A module for `name` (or a package's ``__init__``) whose code runs only when `attribute` cannot answer.
-
-    `path`: the directories to find a submodule in without importing its parent package.
-    """
-    spec = importlib.machinery.PathFinder.find_spec(name, path) if path else importlib.util.find_spec(name)
+def _deferred_module(name: str, attribute: Any) -> ModuleType:
+    """A module for a package's ``__init__`` whose code runs only when `attribute` cannot answer."""
+    spec = importlib.util.find_spec(name)
     if spec is None or spec.loader is None:
         raise ImportError(f"{name} is not installed")
     module = importlib.util.module_from_spec(spec)
@@ -73,10 +67,7 @@ def _deferred_module(name: str, attribute: Any, path: list[str] | None = None) -
         value = attribute(attr)
         if value is not None:
             return value
-        if spec.submodule_search_locations is None:
-            if attr == "__path__":  # the import system asks whether it is a package: it is not
-                raise AttributeError(attr)
-        elif not attr.startswith("__") and importlib.util.find_spec(f"{name}.{attr}") is not None:
+        if not attr.startswith("__") and importlib.util.find_spec(f"{name}.{attr}") is not None:
             return importlib.import_module(f"{name}.{attr}")  # a submodule: no need for __init__
         return load(attr)
 
@@ -105,21 +96,10 @@ def lazy_kubernetes_asyncio() -> None:
         # Only the kubeconfig loader gets the stand-in; others (subclasses) need the real class.
         return api_client_on_call if attr == "ApiClient" and loading_config else None
 
-    def openid_requestor_on_call(*args: Any, **kwargs: Any) -> Any:
-        return openid.__dra_agent_load__("OpenIDRequestor")(*args, **kwargs)
-
-    def openid_attribute(attr: str) -> Any:
-        return openid_requestor_on_call if attr == "OpenIDRequestor" and loading_config else None
-
     try:
         client = _deferred_module(_CLIENT, client_attribute)
         sys.modules[_CLIENT] = client
-        openid = _deferred_module(
-            _OPENID, openid_attribute, [os.path.join(p, "config") for p in root.__path__]
-        )
-        sys.modules[_OPENID] = openid
-        config = importlib.import_module(f"{_ROOT}.config")
-        config.openid = openid  # type: ignore[attr-defined]  # as an import would have set it
+        importlib.import_module(f"{_ROOT}.config")
     except Exception as error:
         # A kubernetes-asyncio laid out differently: forget the partial import, pay for the full one.
         for name in [m for m in sys.modules if m == _ROOT or m.startswith(f"{_ROOT}.")]:

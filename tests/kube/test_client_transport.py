@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from agent.core.errors import KubeApiError
-from agent.kube.client import REQUEST_CONCURRENCY, KubeClient, _environment_proxy, _ssl_context
+from agent.kube.client import REQUEST_CONCURRENCY, KubeClient, _ssl_context
 
 CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim-1"
 
@@ -158,18 +158,6 @@ async def test_closed_port_is_status_zero() -> None:
         assert error.value.status == 0
     finally:
         await kube.close()
-
-
-def test_environment_proxy_honours_no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    assert _environment_proxy("https://10.0.0.1:443") is None
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
-    assert _environment_proxy("https://10.0.0.1:443") == "http://proxy:3128"
-    assert _environment_proxy("http://10.0.0.1:80") is None
-    monkeypatch.setenv("NO_PROXY", "10.0.0.1,.cluster.local")
-    assert _environment_proxy("https://10.0.0.1:443") is None
-    assert _environment_proxy("https://api.cluster.local") is None
 
 
 def test_tls_settings_come_from_the_configuration(tmp_path: Path) -> None:
