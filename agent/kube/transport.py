@@ -1,9 +1,11 @@
 """The API client's HTTP: one aiohttp session, and the little it does not do for us.
 
 aiohttp does the HTTP/1.1 (framing, keep-alive), TLS with the kubeconfig's `ssl.SSLContext`,
-proxies (the kubeconfig's ``proxy-url``, else ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY`` as
-aiohttp reads them: ``trust_env``) and one pool of at most `limit` connections, idle ones closed
-after `keepalive` seconds. Ours, on top:
+proxies (the kubeconfig's ``proxy-url``, else ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY`` read by
+aiohttp's own `get_env_proxy_for_url`, what ``trust_env=True`` would do, but once: with
+``trust_env`` aiohttp looks up the proxy and ``~/.netrc`` in a worker thread for every request,
+which tripled a claim read's CPU, 157 -> 566 µs in `benchmarks.kube_client_bench`) and one pool
+of at most `limit` connections, idle ones closed after `keepalive` seconds. Ours, on top:
 
 - **The resend after a stale keep-alive connection**, where Go's net/http would resend
   (`shouldRetryRequest` in src/net/http/transport.go): a reused connection, nothing of the answer
@@ -20,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -28,6 +30,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 import anyio
+from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -173,8 +176,12 @@ class HttpClient:
         self._tls = base_url.startswith("https:")
         self._base = base_url.rstrip("/")  # a server behind a path (e.g. Rancher's /k8s/clusters/ID)
         self._server_name = server_name or None
-        self._proxy = proxy or None
+        self._proxy: str | URL | None = proxy or None
+        self._proxy_auth: aiohttp.BasicAuth | None = None
         self._proxy_headers = dict(proxy_headers or {}) or None
+        if self._proxy is None:
+            with suppress(LookupError):  # none set, or NO_PROXY names the server
+                self._proxy, self._proxy_auth = get_env_proxy_for_url(URL(self._base))
         tracing = aiohttp.TraceConfig()
         tracing.on_connection_reuseconn.append(_mark_reused)
         self._session = aiohttp.ClientSession(
@@ -184,7 +191,6 @@ class HttpClient:
             headers={"User-Agent": user_agent},
             timeout=aiohttp.ClientTimeout(total=None),  # each request says its own
             cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=True,
             trace_configs=[tracing],
         )
         # Ours resends only where Go would (see the module's docstring); aiohttp has no parameter.
@@ -257,6 +263,7 @@ class HttpClient:
                     headers=headers,
                     data=body,
                     proxy=self._proxy,
+                    proxy_auth=self._proxy_auth,
                     proxy_headers=self._proxy_headers,
                     server_hostname=self._server_name,
                     allow_redirects=False,

@@ -371,6 +371,7 @@ async def test_idle_connection_closed_by_the_server_is_not_used_for_a_post() -> 
             closed = server.closed
             await kube.request("GET", CLAIM)
             await closed.wait()  # the server closed the idle connection (without saying so)
+            await anyio.wait_all_tasks_blocked()  # the client's event loop reads the end of the connection
             await kube.request("POST", "/x", body={})
         finally:
             await kube.close()
@@ -713,7 +714,7 @@ async def test_http_target_through_a_proxy_uses_the_absolute_form() -> None:
 
 
 async def test_the_proxy_from_the_environment_and_no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``HTTP_PROXY`` as aiohttp reads it (``trust_env``); ``NO_PROXY`` hosts are reached directly."""
+    """``HTTP_PROXY`` as aiohttp reads it (``trust_env``'s lookup); ``NO_PROXY`` hosts: directly."""
     async with serving(answer_ok) as proxy, serving(answer_ok) as server:
         monkeypatch.setenv("HTTP_PROXY", proxy.url)
         for target in ("http://api.test:8080", server.url):
