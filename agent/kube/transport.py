@@ -25,11 +25,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
 from urllib.parse import quote, urlencode
 
 import aiohttp
-import anyio
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
@@ -64,15 +62,10 @@ class HttpError(Exception):
 
 @dataclass(frozen=True)
 class Answer:
-    """A complete answer: status, headers (lower-case names) and body."""
+    """A complete answer: status and body."""
 
     status: int
-    headers: Mapping[str, str]
     body: bytes
-
-
-def _headers(response: aiohttp.ClientResponse) -> dict[str, str]:
-    return {name.lower(): value for name, value in response.headers.items()}
 
 
 def _failure(error: BaseException, *, answered: bool, tls: bool = False) -> HttpError:
@@ -121,7 +114,6 @@ class StreamingAnswer:
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self.status = response.status
-        self.headers: Mapping[str, str] = _headers(response)
         self._response = response
 
     async def read(self) -> bytes:
@@ -214,13 +206,14 @@ class HttpClient:
         url = self._url(path, query, headers)
         answered = False
         try:
-            with anyio.fail_after(timeout):
-                async with self._send(method, url, headers, body, None) as response:
-                    answered = True
-                    content = await _read_body(response)
+            async with self._send(
+                method, url, headers, body, aiohttp.ClientTimeout(total=timeout)
+            ) as response:
+                answered = True
+                content = await _read_body(response)
         except (aiohttp.ClientError, OSError) as error:  # (TimeoutError is an OSError)
             raise _failure(error, answered=answered, tls=self._tls) from error
-        return Answer(response.status, _headers(response), content)
+        return Answer(response.status, content)
 
     @asynccontextmanager
     async def stream(
@@ -250,10 +243,9 @@ class HttpClient:
         url: URL,
         headers: Mapping[str, str],
         body: bytes | None,
-        limits: aiohttp.ClientTimeout | None,
+        limits: aiohttp.ClientTimeout,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """The answer once its head arrived, the request resent while Go would resend it."""
-        extra: dict[str, Any] = {"timeout": limits} if limits is not None else {}
         while True:
             attempt = SimpleNamespace(reused=False)
             try:
@@ -268,7 +260,7 @@ class HttpClient:
                     server_hostname=self._server_name,
                     allow_redirects=False,
                     trace_request_ctx=attempt,
-                    **extra,
+                    timeout=limits,
                 )
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as error:
                 stale = attempt.reused and not isinstance(error, (asyncio.TimeoutError, TimeoutError))
