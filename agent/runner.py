@@ -4,22 +4,19 @@ Per driver: health monitor and tracker (in `agent.app`), the slice publisher (or
 ``--kube none``, a printer of the slices it would publish), the claim state and the kubelet
 plugin sockets, and the telemetry poller. Once: the metrics/health HTTP server.
 
-Start order: after a restart the kubelet waits for our sockets, so they serve before anything
-they do not need is imported or built. The API client (and its credentials), the publisher and
-the metrics server are imported in a worker thread once the first kubelet plugin serves (an
-import on the event loop would hold up `GetInfo`); a prepare that arrives before the client is
-connected waits for it (`LateApi`).
+Start order: after a restart the kubelet waits for our sockets, so they do not wait for the API
+server: the API client connects (credentials, discovery) beside them, and a prepare that arrives
+before it is connected waits for it (`LateApi`).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import anyio
 
@@ -36,54 +33,28 @@ from agent.core.logs import log_fields
 from agent.core.model import HealthCondition, Severity
 from agent.health.taints import EFFECT_NONE, TaintPolicy
 from agent.kube.claimstatus import ClaimStatusWriter
+from agent.kube.client import KubeClient
 from agent.kube.credentials import check_in_cluster, check_kubeconfig, in_cluster
+from agent.kube.events import EventRecorder
+from agent.kube.nodecache import NodeApiCache
+from agent.kube.printer import pool_document
+from agent.kube.publisher import SlicePublisher
 from agent.kubelet.deviceplugins import device_plugins_dir, report_device_plugins
 from agent.kubelet.peersockets import DeadPeerSockets
 from agent.kubelet.plugin import KubeletPlugin, another_pod_serving, socket_paths
 from agent.kubelet.podresources import PodResourcesClient, default_socket
 from agent.kubelet.workloads import WorkloadAttribution
 from agent.observe.allocations import AllocationSeries
+from agent.observe.httpserver import MetricsServer
 from agent.observe.metrics import Metrics
 from agent.observe.readiness import Readiness
 from agent.observe.telemetry import TelemetryPoller
 from agent.preflight import preflight
 
-if TYPE_CHECKING:
-    from agent.kube.client import KubeClient
-    from agent.kube.events import EventRecorder
-    from agent.kube.nodecache import NodeApiCache
-    from agent.kube.publisher import SlicePublisher
-
 log = logging.getLogger("agent.runner")
 
 PUBLISH_LOCK_NAME = "publish.lock"
 PUBLISH_LOCK_POLL_SECONDS = 0.1
-API_MODULES = ("agent.kube.client", "agent.kube.events")
-"""What a claim read needs: imported after the kubelet sockets serve. ~7 ms with bytecode cached
-(~0.11 s while the client used aiohttp; its own transport is `agent.kube.transport`); the
-credential loaders (~40 ms) are imported by `KubeClient.connect`, in a worker thread too."""
-PUBLISHER_MODULES = ("agent.kube.publisher", "agent.kube.published", "agent.kube.nodecache")
-PRINTER_MODULES = (
-    "yaml",
-    "agent.kube.capabilities",
-    "agent.kube.client",
-    "agent.kube.pool",
-    "agent.kube.printer",
-)
-"""What the ``--kube none`` slice printer needs: imported once the kubelet sockets serve."""
-METRICS_MODULE = "agent.observe.httpserver"
-METRICS_WAIT_SECONDS = 2.0
-"""How long the metrics server and the publisher let the API client and the claim states go first."""
-SOCKETS_WAIT_SECONDS = 5.0
-"""How long the API client and the metrics server wait for the kubelet sockets (failing to serve)."""
-
-
-async def import_late(*names: str) -> None:
-    """Import `names` in a worker thread: the event loop goes on answering the kubelet meanwhile."""
-    for name in names:
-        await anyio.to_thread.run_sync(importlib.import_module, name)
-
-
 class NoApiServer:
     """The claim source with ``--kube none``: every claim read fails with a clear reason."""
 
@@ -160,11 +131,6 @@ class AgentParts:
         self.out = out
         self.connect = connect
         self.api = LateApi() if kube is not None or connect is not None else None
-        self.serving = anyio.Event()
-        """Set once the first kubelet plugin serves (or none will): the rest may start."""
-        self.claims_ready = anyio.Event()
-        """Set once every driver's claim state is loaded (or none will): prepares can be answered."""
-        self._loading = 0
         self.publishers: dict[str, SlicePublisher] = {}
         self.node_cache: NodeApiCache | None = None
         """Discovery, probes, the Node and our slices (one LIST/WATCH): one for every publisher."""
@@ -179,44 +145,18 @@ class AgentParts:
             self._connected(kube)
 
     def _connected(self, kube: KubeClient) -> None:
-        from agent.kube.events import EventRecorder
-
         assert self.api is not None
         self.kube = kube
         self.api.set(kube, EventRecorder(kube, self.config.node_name, clock=self.clock, metrics=self.metrics))
 
     async def connect_api(self) -> None:
-        """Connect the API client with `connect` once the kubelet sockets serve (nothing to do without)."""
-        if self.connect is None:
-            return
-        await self._after_sockets()
-        await import_late(*API_MODULES)
-        self._connected(await self.connect())
-
-    async def _after_claims(self) -> None:
-        """Until the API client is connected and the claim states are loaded (or `METRICS_WAIT_SECONDS`).
-
-        After a restart the kubelet's prepare waits for both; an import in a worker thread
-        meanwhile (the metrics server's aiohttp, the publisher) would take the interpreter from them.
-        """
-        with anyio.move_on_after(METRICS_WAIT_SECONDS):
-            if self.api is not None:
-                await self.api.wait()
-            await self.claims_ready.wait()
-
-    async def _after_sockets(self) -> None:
-        """Until the kubelet sockets serve; a plugin failing to start holds back nothing for long."""
-        with anyio.move_on_after(SOCKETS_WAIT_SECONDS):
-            await self.serving.wait()
+        """Connect the API client with `connect`, beside the kubelet sockets (nothing to do without)."""
+        if self.connect is not None:
+            self._connected(await self.connect())
 
     def __call__(self, agent: Agent) -> Sequence[Part]:
         self._liveness = agent.failures.health
         parts = [Part("metrics-server", self._serve_metrics)]
-        if not self.config.serve_kubelet or not agent.drivers:
-            self.serving.set()
-            self.claims_ready.set()
-        else:
-            self._loading = len(agent.drivers)
         if self.config.serve_kubelet:
             self.workloads = WorkloadAttribution(
                 AllocationSeries(self.metrics),
@@ -339,12 +279,8 @@ class AgentParts:
         # checkpoint and the start-up reconcile (its API reads) instead.
         async with anyio.create_task_group() as tg:
             await tg.start(plugin.run)
-            self.serving.set()
             await state.start()
             loaded.set()
-            self._loading -= 1
-            if self._loading <= 0:
-                self.claims_ready.set()
             await report_device_plugins(
                 driver,
                 device_plugins_dir(config.plugins_dir),
@@ -359,11 +295,6 @@ class AgentParts:
         kube, events = await self.api.wait()
         publisher = self.publishers.get(runtime.driver)
         if publisher is None:
-            await self._after_claims()
-            await import_late(*PUBLISHER_MODULES)
-            from agent.kube.nodecache import NodeApiCache
-            from agent.kube.publisher import SlicePublisher
-
             if self.node_cache is None:
                 self.node_cache = NodeApiCache(
                     kube,
@@ -476,13 +407,6 @@ class AgentParts:
             await self.api.record("TaintEffectKept", message, "Normal")
 
     async def _serve_metrics(self) -> None:
-        # After the kubelet sockets, the API client and the claim states (a prepare waits for
-        # them), in a worker thread; the probes can wait that long.
-        await self._after_sockets()
-        await self._after_claims()
-        await import_late(METRICS_MODULE)
-        from agent.observe.httpserver import MetricsServer
-
         server = MetricsServer(
             self.config.metrics_address,
             self.metrics,
@@ -494,15 +418,11 @@ class AgentParts:
 
     async def _print_slices(self, agent: Agent) -> None:
         """With ``--kube none``: print the slices the agent would publish, on every change."""
-        await self._after_sockets()
-        await import_late(*PRINTER_MODULES)
         async with anyio.create_task_group() as tg:
             for runtime in agent.drivers.values():
                 tg.start_soon(self._print_pool, runtime)
 
     async def _print_pool(self, runtime: DriverRuntime) -> None:
-        from agent.kube.printer import pool_document
-
         version = -1
         while True:
             version = await runtime.inventory.wait_changed(version)
@@ -528,8 +448,6 @@ def check_policy(policy: TaintPolicy, backends: Sequence[Backend]) -> None:
 
 async def connect_kube(config: AgentConfig) -> KubeClient:
     """Connect to the API server as configured (``--kube in-cluster`` or ``kubeconfig``)."""
-    from agent.kube.client import KubeClient
-
     return await KubeClient.connect(config.kube_mode, config.kubeconfig)
 
 

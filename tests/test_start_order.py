@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
-from agent import cli, runner
+from agent import cli
 from agent.app import Agent
 from agent.config import AgentConfig
 from agent.core.clock import SystemClock
@@ -191,33 +191,3 @@ def test_a_bad_kubeconfig_still_ends_the_agent_with_one_line(
         f"dra-agent: error: invalid value '{kubeconfig}' for --kubeconfig: expected a kubeconfig YAML file; "
         "it is not valid YAML at line 2 (did not find expected node content)"
     ]
-
-
-async def test_the_publisher_and_metrics_server_are_imported_once_the_plugin_answers_prepares(
-    root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """After a crash the kubelet retries its prepares as soon as the plugin is registered
-    (pkg/kubelet/cm/dra/manager.go); the publisher's and the metrics server's imports, in worker
-    threads, would take the CPU from that prepare, so they wait for the plugin's start (its
-    checkpoint and start-up reconcile), here held up by a slow claim read."""
-    late = {"publisher": set(runner.PUBLISHER_MODULES), "metrics": {runner.METRICS_MODULE}}
-    ready_when_imported: dict[str, bool] = {}
-    import_late = runner.import_late
-
-    async def recording_import_late(*names: str) -> None:
-        plugin = parts.plugins.get(DRIVER)
-        for what, modules in late.items():
-            if modules & set(names):
-                ready_when_imported[what] = plugin is not None and plugin.dra.preparer_ready()
-        await import_late(*names)
-
-    async with KubeApiEmulator(version="1.34") as emu:
-        config, dra_socket, registration, uid = await first_run(emu, root)
-        monkeypatch.setattr(runner, "import_late", recording_import_late)
-        monkeypatch.setattr(runner, "METRICS_WAIT_SECONDS", 60.0)  # the bound of that wait
-        emu.faults.slow["resourceclaims"] = 1.0  # the start-up reconcile's read of the claim
-        async with agent_running(config) as parts:
-            await wait_for(registration)
-            assert (await prepare(dra_socket, "train", uid)).claims[uid].error == ""
-            await eventually(lambda: len(ready_when_imported) == len(late), within=20)
-        assert ready_when_imported == {"publisher": True, "metrics": True}

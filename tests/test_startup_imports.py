@@ -2,9 +2,12 @@
 
 After a kill -9 the kubelet waits for our registration socket, and every module imported before
 it serves delays it (issue 14: start to registration socket <= 400 ms). The modules below are
-imported where they are used: by the profiles and settings that need them, or in a worker thread
-once the sockets serve (`agent.runner.import_late`). Each check runs in a fresh interpreter and
-looks at ``sys.modules``; the time itself is measured in `benchmarks/` (never in a test).
+imported where they are used: by the profiles and settings that need them. (The API client, the
+publisher and the metrics server are imported at start since issue 33: importing them in a
+worker thread once the sockets served saved less than 100 ms to the first prepare answered
+after a kill -9, which waits for the API client anyway; see benchmarks/README.md.) Each check
+runs in a fresh interpreter and looks at ``sys.modules``; the time itself is measured in
+`benchmarks/` (never in a test).
 """
 
 from __future__ import annotations
@@ -19,13 +22,8 @@ START_UP = "import agent.cli, agent.runner, backends.fake"
 """What `dra-agent run` imports before it starts (its backend set, the fake one here)."""
 
 LATE = (
-    # The API client, the publisher and the metrics server: once the sockets serve (agent.runner).
-    "agent.kube.client",
-    "agent.kube.events",
-    "agent.kube.publisher",
-    "agent.kube.pool",
-    "agent.observe.httpserver",
-    "aiohttp",
+    # kubernetes-asyncio's credential loaders: by the API client's connect, in a worker thread.
+    "kubernetes_asyncio.config",
     # The AMD backend: the fake backend needs only AMD's claim configuration.
     "backends.amd.backend",
     "backends.amd.discovery",
