@@ -55,6 +55,8 @@ log = logging.getLogger("agent.runner")
 
 PUBLISH_LOCK_NAME = "publish.lock"
 PUBLISH_LOCK_POLL_SECONDS = 0.1
+
+
 class NoApiServer:
     """The claim source with ``--kube none``: every claim read fails with a clear reason."""
 
