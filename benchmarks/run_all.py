@@ -19,7 +19,6 @@ BENCHMARKS = [
     ("benchmarks.sharing_bench", True),
     ("benchmarks.kubelet_e2e_bench", True),
     ("benchmarks.grpc_bench", True),
-    ("benchmarks.drawire_bench", False),
     ("benchmarks.scrape_bench", False),
     ("benchmarks.nvidia_bench", True),
     ("benchmarks.amd_bench", False),

@@ -4,7 +4,7 @@ Both versions validate the request, hand the claims to the `ClaimPreparer` and a
 entry for every requested claim UID. Only v1 carries ``share_id``. A `ClaimRequestError` fails
 the whole RPC with its gRPC code, as the kubelet's Go helper does; any other exception becomes
 INTERNAL with a message pointing at the agent log, never a crashed server. Requests and answers
-are read and written by `agent.kubelet.drawire`, not betterproto messages (the hot path).
+are betterproto's generated messages (`agent.kubelet._protos`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import ClassVar, Protocol, TypeVar
+from types import ModuleType
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import anyio
 import grpclib.const
@@ -26,13 +27,8 @@ from agent.core.backend import ClaimRef
 from agent.core.errors import ClaimRequestError
 from agent.core.logs import log_fields
 from agent.core.model import is_dns_label, is_dns_subdomain
-from agent.kubelet.drawire import (
-    ClaimsRequest,
-    EncodedReply,
-    WireFormatError,
-    encode_prepare_response,
-    encode_unprepare_response,
-)
+from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1 as pb_v1
+from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1beta1 as pb_v1beta1
 from agent.observe.metrics import Children, Metrics
 
 log = logging.getLogger("agent.kubelet.draservice")
@@ -50,7 +46,7 @@ T = TypeVar("T")
 
 
 class ClaimMessage(Protocol):
-    """A ``Claim`` of either API version: `agent.kubelet.drawire.Claim` or a generated message."""
+    """The ``Claim`` message of either API version."""
 
     @property
     def namespace(self) -> str: ...
@@ -222,18 +218,45 @@ def _is_error(value: object) -> bool:
     return bool(value)
 
 
-async def _receive(stream: Stream[ClaimsRequest, EncodedReply]) -> ClaimsRequest:
+def base_request_names(requests: Sequence[str]) -> list[str]:
+    """``gpu/sub`` -> ``gpu``, duplicates dropped: the kubelet matches containers on base names."""
+    return list(dict.fromkeys(r.partition("/")[0] for r in requests))
+
+
+def _prepare_response(pb: ModuleType, results: Mapping[str, PrepareResult], *, share_id: bool) -> Any:
+    """The ``NodePrepareResourcesResponse`` of one API version (`pb`: its generated module)."""
+
+    def device(d: Any) -> Any:
+        fields: dict[str, Any] = {
+            "request_names": base_request_names(d.requests),
+            "pool_name": d.pool,
+            "device_name": d.device,
+            "cdi_device_ids": list(d.cdi_device_ids),
+        }
+        if share_id:  # v1 only
+            fields["share_id"] = d.share_id
+        return pb.Device(**fields)
+
+    return pb.NodePrepareResourcesResponse(
+        claims={
+            uid: pb.NodePrepareResourceResponse(
+                devices=[] if r.error else [device(d) for d in r.devices], error=r.error
+            )
+            for uid, r in results.items()
+        }
+    )
+
+
+async def _receive(stream: Stream[Any, Any]) -> Any:
     """The request; bytes that do not decode (or none) are INVALID_ARGUMENT.
 
-    Without this grpclib answers an exception raised while decoding with UNKNOWN "Internal Server
-    Error" and logs a traceback.
+    betterproto raises plain exceptions (EOFError, UnicodeDecodeError...) on bad bytes, which
+    grpclib would answer as UNKNOWN "Internal Server Error" with a traceback in the log.
     """
     try:
         request = await stream.recv_message()
     except (GRPCError, StreamTerminatedError):
         raise
-    except WireFormatError as exc:
-        raise GRPCError(Status.INVALID_ARGUMENT, f"cannot decode the request: {exc}") from exc
     except Exception as exc:
         raise GRPCError(
             Status.INVALID_ARGUMENT, f"cannot decode the request: {type(exc).__name__}: {exc}"
@@ -244,9 +267,10 @@ async def _receive(stream: Stream[ClaimsRequest, EncodedReply]) -> ClaimsRequest
 
 
 class _DRAPlugin:
-    """``DRAPlugin`` of one API version, its messages read and written by `agent.kubelet.drawire`."""
+    """``DRAPlugin`` of one API version (`PB`: its generated messages)."""
 
     VERSION: ClassVar[str]
+    PB: ClassVar[ModuleType]
     SHARE_ID: ClassVar[bool]
     """Whether this version's ``Device`` has ``share_id``."""
 
@@ -254,28 +278,35 @@ class _DRAPlugin:
         self.service = service
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        prefix = f"/k8s.io.kubelet.pkg.apis.dra.{self.VERSION}.DRAPlugin/"
+        prefix, pb = f"/k8s.io.kubelet.pkg.apis.dra.{self.VERSION}.DRAPlugin/", self.PB
         unary = grpclib.const.Cardinality.UNARY_UNARY
         return {
-            prefix + PREPARE: grpclib.const.Handler(self._prepare, unary, ClaimsRequest, EncodedReply),
-            prefix + UNPREPARE: grpclib.const.Handler(self._unprepare, unary, ClaimsRequest, EncodedReply),
+            prefix + PREPARE: grpclib.const.Handler(
+                self._prepare, unary, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse
+            ),
+            prefix + UNPREPARE: grpclib.const.Handler(
+                self._unprepare, unary, pb.NodeUnprepareResourcesRequest, pb.NodeUnprepareResourcesResponse
+            ),
         }
 
-    async def _prepare(self, stream: Stream[ClaimsRequest, EncodedReply]) -> None:
+    async def _prepare(self, stream: Stream[Any, Any]) -> None:
         request = await _receive(stream)
         results = await self.service.prepare(self.VERSION, request.claims)
-        await stream.send_message(EncodedReply(encode_prepare_response(results, share_id=self.SHARE_ID)))
+        await stream.send_message(_prepare_response(self.PB, results, share_id=self.SHARE_ID))
 
-    async def _unprepare(self, stream: Stream[ClaimsRequest, EncodedReply]) -> None:
+    async def _unprepare(self, stream: Stream[Any, Any]) -> None:
         request = await _receive(stream)
         errors = await self.service.unprepare(self.VERSION, request.claims)
-        await stream.send_message(EncodedReply(encode_unprepare_response(errors)))
+        pb = self.PB
+        claims = {uid: pb.NodeUnprepareResourceResponse(error=e) for uid, e in errors.items()}
+        await stream.send_message(pb.NodeUnprepareResourcesResponse(claims=claims))
 
 
 class DRAPluginV1(_DRAPlugin):
     """``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` (Kubernetes 1.34+), with ``share_id``."""
 
     VERSION = "v1"
+    PB: ClassVar[ModuleType] = pb_v1
     SHARE_ID = True
 
 
@@ -283,4 +314,5 @@ class DRAPluginV1Beta1(_DRAPlugin):
     """``k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`` (Kubernetes 1.32+), without ``share_id``."""
 
     VERSION = "v1beta1"
+    PB: ClassVar[ModuleType] = pb_v1beta1
     SHARE_ID = False

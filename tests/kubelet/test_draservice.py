@@ -23,9 +23,9 @@ from agent.kubelet.draservice import (
     MAX_CLAIMS_PER_REQUEST,
     NO_RESULT,
     DRAService,
+    base_request_names,
     validate_claims,
 )
-from agent.kubelet.drawire import base_request_names
 from agent.observe.metrics import Metrics
 from tests.kubelet.grpc_support import (
     DRIVER,
@@ -268,21 +268,14 @@ async def test_malformed_request_grpcio(root: Path) -> None:
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert err.value.details() == "claims[0].namespace: must not be empty"
         # Bytes that are not a valid message: truncated, a field cut short, invalid UTF-8 in a
-        # string field, a wire type that is not the field's (agent.kubelet.drawire refuses them all).
-        for raw, details in (
-            (
-                b"\n\x64ab",
-                "cannot decode the request: field 1 at byte 0: length 100 runs past the end of its message",
-            ),
-            (b"\n\x02\n\xff", "cannot decode the request: claims[0]: truncated varint at byte 3"),
-            (b"\n\x03\x12\x01\xff", "cannot decode the request: claims[0]: invalid UTF-8 in field 2 (uid)"),
-            (b"\x08\x01", "cannot decode the request: wrong wire type 0 for field 1 at byte 0"),
-        ):
+        # string field, a wire type that is not the field's (betterproto's Rust codec refuses them all).
+        for raw in (b"\n\x64ab", b"\n\x02\n\xff", b"\n\x03\x12\x01\xff", b"\x08\x01"):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await grpcio_unary(
                     plugin.dra_socket, V1 + "NodePrepareResources", raw, pb2.NodePrepareResourcesResponse
                 )
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            details = "cannot decode the request: RuntimeError: The given binary data"
             assert (err.value.details() or "").startswith(details)
 
 
