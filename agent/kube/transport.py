@@ -19,7 +19,6 @@ of at most `limit` connections, idle ones closed after `keepalive` seconds. Ours
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
@@ -39,7 +38,6 @@ _TLS_HINT = (
     " (check the kubeconfig's certificate-authority / certificate-authority-data and tls-server-name, "
     "or the service account's ca.crt)"
 )
-
 _CLIENT_CERTIFICATE_HINT = (
     " (closed without an answer: a TLS server that refuses the client certificate does this; check the "
     "kubeconfig's client-certificate / client-key)"
@@ -262,9 +260,8 @@ class HttpClient:
                     trace_request_ctx=attempt,
                     timeout=limits,
                 )
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as error:
-                stale = attempt.reused and not isinstance(error, (asyncio.TimeoutError, TimeoutError))
-                if stale and method in REPLAYABLE_METHODS:
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):  # (not a timeout)
+                if attempt.reused and method in REPLAYABLE_METHODS:
                     continue  # the stale connection is closed: the next attempt takes another one
                 raise
             async with response:
