@@ -7,7 +7,8 @@ provides the ``Configuration`` (server, TLS files, token and its refresh, see
 one keep-alive connection pool for every call, at most `REQUEST_CONCURRENCY` requests in flight
 (so at most that many connections besides one per open watch). Every request has a timeout;
 every failure becomes `agent.core.errors.KubeApiError` with the HTTP status (0 when the API
-server did not answer)."""
+server did not answer).
+"""
 
 from __future__ import annotations
 
