@@ -41,8 +41,8 @@ POINTS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("agent.claims.state", "DeviceState.prepare", "in the claim state", "claim state done"),
     ("agent.claims.state", "DeviceState.unprepare", "in the claim state", "claim state done"),
     ("agent.kube.client", "KubeClient.get_resource_claim", "claim GET asked", "claim GET parsed"),
-    ("agent.kube.transport", "_Connection.send", None, "GET request sent"),
-    ("agent.kube.transport", "_Connection.data_received", "GET answer arrived", None),
+    ("aiohttp.client_reqrep", "ClientRequest.send", None, "GET request sent"),
+    ("aiohttp.client_proto", "ResponseHandler.data_received", "GET answer arrived", None),
     (
         "agent.claims.checkpointstore",
         "CheckpointStore.put_staged",
