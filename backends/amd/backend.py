@@ -16,6 +16,7 @@ from agent.core.backend import (
     ContainerEdits,
     DeviceTelemetry,
     HealthSink,
+    PreparedStatus,
     PreparePlan,
     UnpreparePlan,
     nothing_to_undo,
@@ -39,6 +40,7 @@ from backends.amd.discovery import (
 from backends.amd.eccstate import ECC_STATE_FILE, boot_id, load_ecc_counts, save_ecc_counts
 from backends.amd.edits import StatFn, container_edits, read_edits
 from backends.amd.health import CONDITIONS, TRENDS, EccCounts, HealthMemory, HealthMonitor, HealthSettings
+from backends.amd.partitionstatus import partition_status
 from backends.amd.sharingconfig import check_shares
 from backends.amd.smi import SmiLibrary, check_module, describe, handle_key, import_amdsmi, init_error
 from backends.amd.telemetry import read_telemetry
@@ -287,6 +289,13 @@ class AmdBackend:
                 except OSError as error:
                     log.warning("cannot save the ECC counts", extra=log_fields(error=str(error)))
             await self._clock.sleep(self._health_settings.poll_interval)
+
+    async def prepared_status(self, device: str, claim: ClaimRef) -> PreparedStatus:
+        """A partition's identity and its GPU's (`DescribesPrepared`)."""
+        devices = {d.name: d for d in self._discovery.devices}
+        if device not in devices:
+            raise DeviceNotFoundError(self._driver, device)
+        return partition_status(devices[device], devices)
 
     async def prepare(self, device: str, claim: ClaimRef) -> ContainerEdits:
         """Edits for /dev/kfd and the device's DRM nodes, read from the host now."""

@@ -45,6 +45,7 @@ from agent.core.backend import (
     HealthEvent,
     HealthSink,
     Mount,
+    PreparedStatus,
     PreparePlan,
     UnpreparePlan,
     report_alive,
@@ -303,6 +304,17 @@ class FakeBackend:
         if self._device_files is None:
             return work()  # nothing blocking to do
         return await anyio.to_thread.run_sync(work)
+
+    async def prepared_status(self, device: str, claim: ClaimRef) -> PreparedStatus:
+        """As the vendor backends say it (`DescribesPrepared`): MIG devices, partitions."""
+        from backends.fake.preparedstatus import created_mig_status, device_status  # NVIDIA/AMD tables
+
+        found = self._devices.get(device)
+        if found is None:
+            raise DeviceNotFoundError(self._driver, device)
+        if self._partitions is not None and device in self._partitions.placements:
+            return created_mig_status(self._partitions.placements[device], claim.uid)
+        return device_status(found, self._devices)
 
     def plan_prepare(self, device: str, claim: ClaimRef) -> PreparePlan | None:
         """`prepare` as a check and the device file's write (`PlansPrepare`); None with latency or MIG."""

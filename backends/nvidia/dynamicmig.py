@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
+from agent.core.backend import PreparedStatus
 from agent.core.errors import BackendError
 from agent.core.logs import log_fields
 from backends.nvidia.discovery import GpuInfo, MigInfo, NvDevice
@@ -34,6 +35,7 @@ from backends.nvidia.migjournal import (
     MigJournal,
 )
 from backends.nvidia.migprofiles import MigLayout, PlacementDevice, dynamic_devices, read_layout
+from backends.nvidia.migstatus import mig_status
 from backends.nvidia.nvml import Nvml, text
 
 log = logging.getLogger("agent.backends.nvidia")
@@ -213,6 +215,19 @@ class DynamicMig:
             ),
         )
         return result
+
+    async def status_of(self, placement: PlacementDevice, claim_uid: str) -> PreparedStatus:
+        """The MIG device created for a claim, from the journal (`DescribesPrepared`)."""
+        entry = await anyio.to_thread.run_sync(self.journal.get, claim_uid, placement.name)
+        if entry is None or entry.step != PREPARED:
+            raise DynamicMigError(f"NVIDIA dynamic MIG: no MIG device created for {placement.name}")
+        return mig_status(
+            mig_uuid=entry.mig_uuid,
+            parent_uuid=entry.gpu_uuid,
+            gi_id=entry.gi_id,
+            ci_id=entry.ci_id,
+            profile=placement.profile.name,
+        )
 
     async def unprepare(self, placement_name: str, claim_uid: str, handles: dict[str, Any]) -> None:
         """Destroy the claim's MIG device (compute instance, then GPU instance); gone already is fine.
