@@ -224,6 +224,7 @@ class AgentParts:
                 inventories={d: r.inventory for d, r in agent.drivers.items()},
                 claims=self.api,
                 pod_resources=PodResourcesClient(default_socket(self.config.plugins_dir)),
+                describe={d: functools.partial(prepared_status, r.backend) for d, r in agent.drivers.items()},
             )
             parts.append(Part("workloads", self.workloads.run))
         for runtime in agent.drivers.values():

@@ -17,9 +17,10 @@ so a claim deleted and created again under the same name is not written.
 A write never fails or delays a prepare: writes happen here, after the prepare answered. A write
 the API server refuses for good (any 4xx but 401, 404, 408, 409 and 429: invalid, forbidden, bad
 request) is logged once with the server's message, counted as ``result="rejected"`` and not sent
-again until the claim is prepared again, its entries change or the agent restarts; another
-failure is logged (once per episode), counted as ``result="error"`` and retried with capped
-backoff until it succeeds or the claim is gone (404) or changes again.
+again until the claim is prepared again, its entries change or the agent restarts; a claim
+deleted or created again meanwhile (404, 409) is ``result="gone"``; another failure is logged
+(once per episode), counted as ``result="error"`` and retried with capped backoff until it
+succeeds or the claim is gone or changes again.
 
 RBAC (the chart's ClusterRole): ``resourceclaims/status`` get and patch, and, for granular status
 authorization (``DRAResourceClaimGranularStatusAuthorization``, beta and on from 1.36), the
@@ -54,7 +55,7 @@ MAX_BACKOFF_SECONDS = 60.0
 FIELD_MANAGER_PREFIX = "dra-agent/"
 
 
-RESULTS = ("success", "error", "rejected")
+RESULTS = ("success", "error", "rejected", "gone")
 """``result`` values of ``dra_agent_claim_status_writes_total``."""
 TRANSIENT_4XX = frozenset({401, 404, 408, 409, 429})
 """4xx answers that may change on retry: credentials renewed, claim gone or recreated, throttling."""
@@ -258,7 +259,7 @@ class ClaimStatusWriter:
             )
         except KubeApiError as error:
             if error.status in (404, 409):  # deleted, or created again under the name (UID)
-                self._count("error")
+                self._count("gone")
                 self._forget(ref)
                 return True
             if permanent(error.status):
