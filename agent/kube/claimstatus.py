@@ -17,7 +17,7 @@ so a claim deleted and created again under the same name is not written.
 A write never fails or delays a prepare: writes happen here, after the prepare answered. A write
 the API server refuses for good (any 4xx but 401, 404, 408, 409 and 429: invalid, forbidden, bad
 request) is logged once with the server's message, counted as ``result="rejected"`` and not sent
-again until the claim is prepared again, its entries change or the agent restarts; a claim
+again (health changes included) until the claim is prepared again or the agent restarts; a claim
 deleted or created again meanwhile (404, 409) is ``result="gone"``; another failure is logged
 (once per episode), counted as ``result="error"`` and retried with capped backoff until it
 succeeds or the claim is gone or changes again.
@@ -151,8 +151,8 @@ class ClaimStatusWriter:
         self._describe = describe
         self._prepared: dict[ClaimRef, tuple[str, ...]] = {}
         self._written: dict[ClaimRef, tuple[_Entry, ...]] = {}
-        self._rejected: dict[ClaimRef, tuple[_Entry, ...]] = {}
-        """What the API server refused for good, per claim: not sent again."""
+        self._rejected: set[ClaimRef] = set()
+        """Claims whose status the API server refused for good: not sent again (but removed)."""
         self._described: dict[tuple[ClaimRef, str], PreparedStatus] = {}
         self._since: dict[tuple[ClaimRef, StatusTarget], tuple[bool, float]] = {}
         self._dirty: set[ClaimRef] = set()
@@ -174,7 +174,7 @@ class ClaimStatusWriter:
             self._dirty.add(ref)
         for ref, devices in prepared.items():
             self._prepared[ref] = devices
-            self._rejected.pop(ref, None)  # prepared again: worth one more try
+            self._rejected.discard(ref)  # prepared again: worth one more try
             self._dirty.add(ref)
         self._wake.set()
 
@@ -249,8 +249,8 @@ class ClaimStatusWriter:
         entries = await self._entries(ref)
         if self._written.get(ref) == entries and ref not in self._dirty:
             return True
-        if self._rejected.get(ref) == entries:
-            return True  # refused for good already: the same body would be refused again
+        if ref in self._rejected and ref in self._prepared:
+            return True  # refused for good: not again until prepared again or the agent restarts
         api = await self._api()
         body = self._body(ref, entries)
         try:
@@ -263,7 +263,7 @@ class ClaimStatusWriter:
                 self._forget(ref)
                 return True
             if permanent(error.status):
-                self._reject(ref, entries, error)
+                self._reject(ref, error)
                 return True
             self._count("error")
             if not self._failing:
@@ -276,7 +276,7 @@ class ClaimStatusWriter:
                 )
             return False
         self._count("success")
-        self._rejected.pop(ref, None)
+        self._rejected.discard(ref)
         if self._failing:
             self._failing = False
             log.info("claim device status written again", extra=log_fields(driver=self.driver))
@@ -286,12 +286,9 @@ class ClaimStatusWriter:
             self._forget(ref)
         return True
 
-    def _reject(self, ref: ClaimRef, entries: tuple[_Entry, ...], error: KubeApiError) -> None:
+    def _reject(self, ref: ClaimRef, error: KubeApiError) -> None:
         self._count("rejected")
-        said = ref in self._rejected
-        self._rejected[ref] = entries
-        if said:
-            return
+        self._rejected.add(ref)
         log.warning(
             "the API server refused the claim's device status; not retrying until the claim is "
             "prepared again or the agent restarts (the claim stays prepared)",
@@ -302,7 +299,7 @@ class ClaimStatusWriter:
 
     def _forget(self, ref: ClaimRef) -> None:
         self._written.pop(ref, None)
-        self._rejected.pop(ref, None)
+        self._rejected.discard(ref)
         for key in [k for k in self._since if k[0] == ref]:
             del self._since[key]
         for described in [k for k in self._described if k[0] == ref]:
