@@ -294,14 +294,20 @@ def test_run_shuts_down_cleanly_on_sigterm(root: Path) -> None:
     assert not list((root / "plugins").rglob("*.sock"))
 
 
-async def test_demo_sharing_shows_two_mps_shares_of_one_gpu() -> None:
+async def test_demo_sharing_shows_two_mps_shares_of_one_gpu(caplog: pytest.LogCaptureFixture) -> None:
     import io
+    import logging
 
-    report = await run_demo(io.StringIO(), DemoOptions(hold_seconds=1.5, kube_version="1.36", sharing=True))
+    out = io.StringIO()
+    report = await run_demo(out, DemoOptions(hold_seconds=1.5, kube_version="1.36", sharing=True))
     shares = report.shares
     answers = shares["prepare"]["claims"]
     share_ids = {d["shareId"] for a in answers.values() for d in a["devices"]}
     assert len(answers) == 2 and len(share_ids) == 2
+    # Issue 31: the API server takes both claims' status, each entry with its share's ID; no warning.
+    assert {e["shareID"] for entries in shares["status"].values() for e in entries} == share_ids
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "warning" not in out.getvalue().lower()
     limits = sorted(line for lines in shares["env"].values() for line in lines if "PINNED" in line)
     assert [line.rsplit("=", 1)[1] for line in limits] == ["20480M", "30720M"]
     assert shares["daemons"] == 1 and shares["daemon"]["defaultActiveThreadPercentage"] == 50
