@@ -121,7 +121,8 @@ class KubeApiEmulator:
     async def __aenter__(self) -> KubeApiEmulator:
         app = web.Application(middlewares=[self._middleware], client_max_size=16 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        # Requests still held (a slow-fault test) get 2 s at exit, not aiohttp's default 60 s.
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -514,8 +515,9 @@ class KubeApiEmulator:
         self.requests[(verb, label)] += 1
         if verb in _WRITE_VERBS and not query.getall("dryRun", []):
             self.writes[(verb, label)] += 1  # a dry run stores nothing: not a write
-        if self.faults.slow.get(plural, 0.0) > 0:
-            await anyio.sleep(self.faults.slow[plural])
+        slow = self.faults.slow.get(label, 0.0) or self.faults.slow.get(plural, 0.0)
+        if slow > 0:
+            await anyio.sleep(slow)
         injected = self.faults.take(verb, label)
         if injected is not None:
             raise injected

@@ -14,7 +14,8 @@ dynamic MIG device's UUID, GPU and compute instance IDs and ``parentUUID``:
 applies the driver's entries empty, which removes them. The claim's UID is sent with the object,
 so a claim deleted and created again under the same name is not written.
 
-A write never fails or delays a prepare: writes happen here, after the prepare answered. A write
+A write never fails or delays a prepare: writes happen here, `SETTLE_SECONDS` after the calls that
+prepared or unprepared the claims ended, so their answers leave first. A write
 the API server refuses for good (any 4xx but 401, 404, 408, 409 and 429: invalid, forbidden, bad
 request) is logged once with the server's message, counted as ``result="rejected"`` and not sent
 again (health changes included) until the claim is prepared again or the agent restarts; a claim
@@ -52,6 +53,8 @@ log = logging.getLogger("agent.kube.claimstatus")
 
 READY = "Ready"
 MAX_BACKOFF_SECONDS = 60.0
+SETTLE_SECONDS = 0.05
+"""How long the writer waits after being woken: the calls that woke it have answered by then."""
 FIELD_MANAGER_PREFIX = "dra-agent/"
 
 
@@ -115,15 +118,12 @@ def device_data(device: Device) -> dict[str, str | int]:
     }
 
 
-def device_entry(
-    device: Device, target: StatusTarget | None = None, prepared: PreparedStatus | None = None
-) -> _Entry:
+def device_entry(device: Device, target: StatusTarget, prepared: PreparedStatus) -> _Entry:
+    """The entry of `target`: the `Device` (with its health) and what its backend said of it."""
     health = device.health
     ready = health.status is not HealthStatus.UNHEALTHY
-    data = {**device_data(device), **(prepared or {})}
-    return _Entry(
-        target or StatusTarget("", device.name), ready, "" if ready else health.message, tuple(data.items())
-    )
+    data = {**device_data(device), **prepared}
+    return _Entry(target, ready, "" if ready else health.message, tuple(data.items()))
 
 
 class ClaimStatusWriter:
@@ -151,6 +151,8 @@ class ClaimStatusWriter:
         self._describe = describe
         self._prepared: dict[ClaimRef, tuple[str, ...]] = {}
         self._written: dict[ClaimRef, tuple[_Entry, ...]] = {}
+        self._sent: set[ClaimRef] = set()
+        """Claims a write was sent for (it may have landed even when it failed): entries to remove."""
         self._rejected: set[ClaimRef] = set()
         """Claims whose status the API server refused for good: not sent again (but removed)."""
         self._described: dict[tuple[ClaimRef, str], PreparedStatus] = {}
@@ -249,10 +251,13 @@ class ClaimStatusWriter:
         entries = await self._entries(ref)
         if self._written.get(ref) == entries and ref not in self._dirty:
             return True
+        if not entries and ref not in self._prepared and ref not in self._sent:
+            return True  # unprepared before its first write: nothing to remove
         if ref in self._rejected and ref in self._prepared:
             return True  # refused for good: not again until prepared again or the agent restarts
         api = await self._api()
         body = self._body(ref, entries)
+        self._sent.add(ref)
         try:
             await api.apply_claim_status(
                 ref.namespace, ref.name, body, field_manager=FIELD_MANAGER_PREFIX + self.driver
@@ -299,6 +304,7 @@ class ClaimStatusWriter:
 
     def _forget(self, ref: ClaimRef) -> None:
         self._written.pop(ref, None)
+        self._sent.discard(ref)
         self._rejected.discard(ref)
         for key in [k for k in self._since if k[0] == ref]:
             del self._since[key]
@@ -334,6 +340,8 @@ class ClaimStatusWriter:
 
                 tg.start_soon(inventory_changed)
                 tg.start_soon(woken)
+            # The kubelet's answers leave first, and the claims of a burst are written in one pass.
+            await self._clock.sleep(SETTLE_SECONDS)
             self._wake = anyio.Event()
             # A health change: the claims whose entries now read differently.
             for ref in list(self._prepared):

@@ -127,6 +127,19 @@ async def test_a_failing_status_write_never_fails_the_prepare_and_is_retried(roo
         assert errors == 2
 
 
+async def test_the_prepare_answers_while_its_status_write_hangs(root: Path) -> None:
+    """The write is not part of the call: the answer comes with the write still in flight."""
+    nvml = FakeNvml([h100(0)])
+    async with running_agent(root, [nvidia_backend(root, nvml)]) as run:
+        emu = run.emu
+        emu.faults.slow["resourceclaims/status"] = 3600.0
+        uid = allocate(emu, "stuck", "gpu-0")["metadata"]["uid"]
+        answer = await call(root, run, "prepare", "stuck", uid)
+        assert answer.claims[uid].error == "" and answer.claims[uid].devices[0].device_name == "gpu-0"
+        await until(lambda: emu.requests[("patch", "resourceclaims/status")] == 1, "the write sent, hanging")
+        assert status_devices(emu, "stuck") == []
+
+
 async def test_other_writers_entries_are_kept(root: Path) -> None:
     """Server-side apply with our own field manager touches only our entries."""
     nvml = FakeNvml([h100(0)])
@@ -226,3 +239,12 @@ async def test_a_claim_gone_is_forgotten(status: int) -> None:
     writer.prepared_changed(DRIVER, {REF: ("gpu-0",)}, ())
     assert await writer.write(REF)
     assert count(metrics, "gone") == 1 and count(metrics, "error") == 0
+
+
+async def test_a_claim_unprepared_before_its_first_write_costs_no_write() -> None:
+    answers, metrics = Answers(), Metrics()
+    writer = writer_for(answers, metrics)
+    writer.prepared_changed(DRIVER, {REF: ("gpu-0",)}, ())
+    writer.prepared_changed(DRIVER, {}, (REF,))  # within the writer's settle time
+    assert await writer.write(REF)
+    assert answers.bodies == []
