@@ -39,7 +39,7 @@ async def test_a_dynamic_mig_device_is_described_once_created(
         "computeInstanceID": entry.ci_id,
         "profile": "3g.40gb",
     }
-    assert status["uuid"].startswith("MIG-")
+    assert str(status["uuid"]).startswith("MIG-")
 
 
 async def test_static_mig_devices_and_whole_gpus(
