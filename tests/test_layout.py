@@ -143,8 +143,16 @@ def test_every_layer_package_says_what_it_may_import() -> None:
     ("module", "source", "expected"),
     [
         ("agent/core/x.py", "from agent.kube.client import KubeClient\n", "agent.core may import only"),
-        ("agent/kube/x.py", "from agent.claims.state import DeviceState\n", "agent.kube may import only"),
-        ("agent/kubelet/x.py", "from agent.claims.state import DeviceState\n", "agent.kubelet may import"),
+        (
+            "agent/kube/x.py",
+            "from agent.claims.state.machine import DeviceState\n",
+            "agent.kube may import only",
+        ),
+        (
+            "agent/kubelet/x.py",
+            "from agent.claims.state.machine import DeviceState\n",
+            "agent.kubelet may import",
+        ),
         ("agent/claims/x.py", "from ..kube import client\n", "agent.claims may import only"),
         ("agent/observe/x.py", "import agent.config\n", "agent.observe may import only"),
         ("agent/kube/x.py", "from agent.emulator import KubeApiEmulator\n", "only the demo and tests"),

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent.claims.state import DeviceState
+from agent.claims.state.machine import DeviceState
 from agent.core.backend import BackendOptions
 from agent.core.quantity import Quantity
 from agent.core.sharing import DeviceConfigError, OpaqueConfig
