@@ -593,7 +593,7 @@ async def test_steps_are_reported_in_order(tmp_path: Path) -> None:
 async def test_file_lock_rereads_the_checkpoint_only_after_another_writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The cache of `DeviceState._serialized`: memory is trusted while the file is our last write."""
+    """The cache of `DriverState.serialized`: memory is trusted while the file is our last write."""
     c1, c2 = make_claim(UID), make_claim("u2", devices=("gpu-1",))
     source = FakeClaimSource([c1, c2])
     lock = tmp_path / "serialize.lock"
