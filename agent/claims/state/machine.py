@@ -49,10 +49,10 @@ class DeviceState:
         peers: Callable[[], bool] | None = None,
     ) -> None:
         clock = clock or SystemClock()
-        self._boot_id = boot_id if boot_id is not None else read_boot_id(boot_id_path)
+        boot_id = boot_id if boot_id is not None else read_boot_id(boot_id_path)
         # `peers` (blocking): whether another agent pod serves this driver now (rolling update).
         watch = PeerWatch(peers) if peers is not None else None
-        self.store = CheckpointStore(state_dir / CHECKPOINT_FILE, self._boot_id, peers=watch)
+        self.store = CheckpointStore(state_dir / CHECKPOINT_FILE, boot_id, peers=watch)
         self.cdi = CdiSpecWriter(cdi_root, driver)
         self.claims = claims
         report = Reporter(
@@ -73,7 +73,7 @@ class DeviceState:
 
     async def start(self) -> None:
         """Load (or rebuild) the checkpoint and reconcile it with the CDI files and the API server."""
-        await startup.start(self._state, self._boot_id)
+        await startup.start(self._state)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         """Prepare every claim; see `agent.claims.preparer.ClaimPreparer.prepare`."""

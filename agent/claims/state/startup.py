@@ -37,7 +37,7 @@ RECONCILE_CONCURRENCY = 16
 """Claim GETs in flight at once while reconciling at start (spares the API server)."""
 
 
-async def start(s: DriverState, boot_id: str) -> None:
+async def start(s: DriverState) -> None:
     """Load (or rebuild) the checkpoint and reconcile it with the CDI files and the API server."""
     async with s.serialized(reload=False):
         await anyio.to_thread.run_sync(_prepare_dirs, s)
@@ -48,7 +48,7 @@ async def start(s: DriverState, boot_id: str) -> None:
         elif outcome.shape is not None and outcome.shape.torn_tail:
             entries = await _complete_from_specs(s, entries)
         s.store.load(entries)
-        boot_changed = outcome.data is not None and outcome.data.boot_id != boot_id
+        boot_changed = outcome.data is not None and outcome.data.boot_id != s.store.boot_id
         if boot_changed:
             log.info(
                 "node rebooted since the checkpoint was written; rewriting CDI specs",
