@@ -1,9 +1,6 @@
-"""What the fake backend and its fault injector share: the conditions a fake reports, an injected
-fault, the error of a bad injection, and what the injector needs of a backend (`FaultTarget`).
-
-Conditions carry the same names, severities and kinds as the real backends' (`CONDITIONS`), so the
-taint policy sees the same shapes from the fake as from hardware.
-"""
+"""What the fake backend and its fault injector share, so neither imports the other: the conditions a
+fake reports (`CONDITIONS`: the real backends' names, severities and kinds, so the taint policy sees
+the same shapes), an injected fault, its error, and what the injector needs of a backend."""
 
 from __future__ import annotations
 
