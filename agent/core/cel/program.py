@@ -5,13 +5,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import lark
-from celpy.celparser import CELParseError, CELParser
-
 from agent.core.cel.ast import _Node
 from agent.core.cel.checker import _Checker
-from agent.core.cel.errors import MAX_EXPRESSION, CelCompileError, _located, _syntax_error
-from agent.core.cel.parser import _Builder
+from agent.core.cel.errors import MAX_EXPRESSION, CelCompileError, _located
+from agent.core.cel.parser import _parse, _SyntaxError
 from agent.core.cel.types import _fmt, _is_dyn
 
 
@@ -21,35 +18,20 @@ class _Program:
     ast: _Node
 
 
-_PARSER: CELParser | None = None
-
-
 @functools.lru_cache(maxsize=512)
 def _program(expression: str) -> _Program:
-    global _PARSER  # noqa: PLW0603
     if len(expression) > MAX_EXPRESSION:
         raise CelCompileError(
             f"compilation failed: expression is {len(expression)} characters, more than {MAX_EXPRESSION}"
         )
-    if _PARSER is None:
-        _PARSER = CELParser()
-    grammar = CELParser.CEL_PARSER
-    assert grammar is not None
     try:
-        tree = grammar.parse(expression)
-    except lark.exceptions.UnexpectedInput as error:
-        raise CelCompileError(f"compilation failed: {_syntax_error(expression, error)}") from None
-    except (lark.exceptions.LarkError, CELParseError):
-        raise CelCompileError("compilation failed: ERROR: <input>:1:1: Syntax error") from None
-    except RecursionError:
-        raise CelCompileError("compilation failed: expression nests too deeply") from None
-    builder = _Builder(expression)
-    try:
-        ast = builder.build(tree)
+        ast, errors = _parse(expression)
+    except _SyntaxError as error:
+        located = _located(expression, error.pos, error.message)
+        raise CelCompileError(f"compilation failed: {located}") from None
     except RecursionError:
         raise CelCompileError("compilation failed: expression nests too deeply") from None
     checker = _Checker()
-    errors = builder.errors
     if not errors:
         output = checker.check(ast, {})
         errors = checker.errors
