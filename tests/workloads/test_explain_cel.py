@@ -129,7 +129,7 @@ RUNTIME_ERRORS = [
     (f"{A}.index2 == 1", "no such key: index2"),
     (f"{A}['nosuch'] == 1", "no such key: nosuch"),
     (f"{A}.index + 'a' == 'b'", "no such overload"),  # dyn: a runtime overload failure
-    (f"{A}.productName.lowerAscii().matches('[')", "error parsing regexp: missing closing ]: `[`"),
+    (f"{A}.productName.lowerAscii().matches(['['][0])", "error parsing regexp: missing closing ]: `[`"),
     ("1 / 0 == 1", "division by zero"),
     ("1 % 0 == 1", "modulus by zero"),
     ("9223372036854775807 + 1 == 0", "integer overflow"),

@@ -52,8 +52,11 @@ types and the environment's overloads), `checker`, `program` (parse + check, cac
 from __future__ import annotations
 
 from agent.core.cel.errors import COST_LIMIT, MAX_MESSAGE, CelCompileError, CelError
+from agent.core.cel.expressions import Evaluation, evaluate
 from agent.core.cel.selectors import compile_check, match_attribute, matches, referenced_values
 from agent.core.cel.values import CelQuantity, CelSemver
+from agent.core.cel.values import _TypeValue as CelType
+from agent.core.cel.values import _UInt as CelUint
 
 __all__ = [
     "COST_LIMIT",
@@ -62,7 +65,11 @@ __all__ = [
     "CelError",
     "CelQuantity",
     "CelSemver",
+    "CelType",
+    "CelUint",
+    "Evaluation",
     "compile_check",
+    "evaluate",
     "match_attribute",
     "matches",
     "referenced_values",

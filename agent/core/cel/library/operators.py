@@ -30,7 +30,11 @@ def _is_num(v: Any) -> bool:
 
 def _equal(a: Any, b: Any) -> bool:
     if _is_num(a) and _is_num(b):
-        return Fraction(a) == Fraction(b) if not (isinstance(a, float) and math.isnan(a)) else False
+        if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
+            return False
+        if (isinstance(a, float) and math.isinf(a)) or (isinstance(b, float) and math.isinf(b)):
+            return float(a) == float(b)
+        return Fraction(a) == Fraction(b)
     if _type_name(a) != _type_name(b):
         return False
     if isinstance(a, list):
@@ -46,6 +50,9 @@ def _compare(a: Any, b: Any) -> int:
     if _is_num(a) and _is_num(b):
         if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
             raise _RuntimeError("NaN values cannot be ordered")
+        if math.isinf(a) or math.isinf(b):  # no Fraction of an infinity
+            fa2, fb2 = float(a), float(b)
+            return (fa2 > fb2) - (fa2 < fb2)
         fa, fb = Fraction(a), Fraction(b)
         return (fa > fb) - (fa < fb)
     if type(a) is type(b) and isinstance(a, str | bytes | bool):
