@@ -19,16 +19,15 @@ from agent.core.cel.declarations import _UNSUPPORTED
 from agent.core.cel.errors import COST_LIMIT, _no_overload, _RuntimeError
 from agent.core.cel.library import _FUNCTIONS
 from agent.core.cel.library.listsext import _sort_by_keys
+from agent.core.cel.validators import _CONVERSIONS
 from agent.core.cel.values import _DomainMap, _type_name, _TypeValue
-
-_CONVERSIONS = frozenset({"int", "uint", "double", "string", "bytes", "bool", "dyn", "type"})
 
 # Per element: (before the body, after a true/kept body, after a false/dropped body).
 _FOLD_STEP = {
     "all": (2 + 1, 0, 0),  # @not_strictly_false(accu), then accu && body
     "exists": (3 + 1, 0, 0),  # @not_strictly_false(!accu), then accu || body
-    "exists_one": (0, 2, 1),  # body ? accu + 1 : accu
-    "filter": (0, 13, 1),  # body ? accu + [x] : accu
+    "exists_one": (0, 2, 0),  # body ? accu + 1 : accu (a branch's accu is not seen)
+    "filter": (0, 13, 0),  # body ? accu + [x] : accu
 }
 
 
@@ -64,8 +63,13 @@ def _constant_set(node: _Node) -> bool:
 
 
 class _Interpreter:
-    def __init__(self, cost: _Cost) -> None:
+    def __init__(self, cost: _Cost, *, optimize: bool = True) -> None:
         self.cost = cost
+        self.optimize = optimize
+        """cel-go's ``OptOptimize`` (the scheduler sets it): constants folded when planning."""
+
+    def constant(self, node: _Node) -> bool:
+        return self.optimize and _constant(node)
 
     def eval(self, node: _Node, scope: Mapping[str, Any]) -> Any:
         if isinstance(node, _Lit):
@@ -79,7 +83,7 @@ class _Interpreter:
             return self.select(node, scope)
         if isinstance(node, _ListLit):
             items = [self.eval(i, scope) for i in node.items]
-            if not _constant(node):
+            if not self.constant(node):
                 self.cost.charge(LIST_CREATE_COST)
             return items
         if isinstance(node, _MapLit):
@@ -89,8 +93,17 @@ class _Interpreter:
         assert isinstance(node, _Call)
         return self.call(node, scope)
 
-    def select(self, node: _Select, scope: Mapping[str, Any]) -> Any:
-        operand = self.eval(node.operand, scope)
+    def branch(self, node: _Node, scope: Mapping[str, Any]) -> Any:
+        """A conditional's branch: cel-go plans it as an attribute of the conditional, so a
+        branch's root identifier is read without the tracker seeing it (its selections are)."""
+        if isinstance(node, _Ident) and node.name in scope:
+            return scope[node.name]
+        if isinstance(node, _Select):
+            return self.select(node, scope, root=True)
+        return self.eval(node, scope)
+
+    def select(self, node: _Select, scope: Mapping[str, Any], *, root: bool = False) -> Any:
+        operand = self.branch(node.operand, scope) if root else self.eval(node.operand, scope)
         if not node.test:  # presence tests are free in the Kubernetes environment
             self.cost.charge(SELECT_COST)
         if isinstance(operand, dict):
@@ -110,7 +123,7 @@ class _Interpreter:
             if not isinstance(key, str | int | bool):
                 raise _RuntimeError(f"unsupported key type: {_type_name(key)}")
             out[key] = self.eval(v, scope)  # cel-go keeps the last of repeated keys
-        if not _constant(node):
+        if not self.constant(node):
             self.cost.charge(MAP_CREATE_COST)
         return out
 
@@ -122,7 +135,7 @@ class _Interpreter:
             cond = self.eval(node.args[0], scope)
             if not isinstance(cond, bool):
                 raise _no_overload()
-            return self.eval(node.args[1] if cond else node.args[2], scope)
+            return self.branch(node.args[1] if cond else node.args[2], scope)
         target = self.eval(node.target, scope) if node.target is not None else None
         args = [self.eval(a, scope) for a in node.args]
         if name in _UNSUPPORTED or name.startswith("format."):
@@ -141,9 +154,9 @@ class _Interpreter:
             raise _no_overload(name) from None
         if name == "_[_]":
             self.cost.charge(SELECT_COST)  # an index is a qualifier of an attribute
-        elif name == "@in" and _constant_set(node.args[1]):
+        elif name == "@in" and self.optimize and _constant_set(node.args[1]):
             pass  # a set lookup, not a call
-        elif not (name in _CONVERSIONS and node.args and _constant(node.args[0])):
+        elif not (name in _CONVERSIONS and node.args and self.constant(node.args[0])):
             self.cost.charge(_call_cost(name, values, result))
         return result
 
@@ -171,6 +184,8 @@ class _Interpreter:
         rng = self.eval(node.range, scope)
         inner = dict(scope)
         if node.kind == "bind":
+            if not self.optimize:  # the fold's range, an empty list literal
+                self.cost.charge(LIST_CREATE_COST)
             inner[node.var] = rng
             return self.eval(node.body, inner)
         if node.kind == "sortBy":
@@ -181,6 +196,13 @@ class _Interpreter:
             pairs = [(k, k if node.var2 is None else v) for k, v in rng.items()]
         else:
             raise _no_overload()
+        if not self.optimize:  # the accumulator's empty literal is built, not folded
+            accumulator = {
+                "map": LIST_CREATE_COST,
+                "filter": LIST_CREATE_COST,
+                "transformList": LIST_CREATE_COST,
+            }
+            self.cost.charge(accumulator.get(node.kind, MAP_CREATE_COST if "Map" in node.kind else 0))
         fold = _Fold(self, node, inner)
         for key, value in pairs:
             if node.var2 is None:
@@ -196,6 +218,8 @@ class _Interpreter:
         if not isinstance(rng, list):
             raise _no_overload("sortBy")
         self.cost.charge(3 * SELECT_COST)  # the bound input twice, the mapped keys
+        if not self.optimize:  # the bind's empty range and the keys' accumulator, built
+            self.cost.charge(2 * LIST_CREATE_COST)
         keys = []
         for value in rng:
             inner[node.var] = value
@@ -234,8 +258,7 @@ class _Fold:
             keep = self.interpreter.eval(node.filter, self.scope)
             if not isinstance(keep, bool):
                 raise _no_overload()
-            if not keep:
-                cost.charge(SELECT_COST)
+            if not keep:  # filter ? ... : accu: the accumulator branch is not seen
                 return False
         if kind == "filter":
             ok = self.interpreter.eval(node.body, self.scope)

@@ -16,9 +16,12 @@ from collections.abc import Iterator, Mapping
 
 from agent.core.cel.ast import _Call, _Comprehension, _ListLit, _Lit, _MapLit, _Node, _Select
 from agent.core.cel.errors import _RuntimeError
+from agent.core.cel.library import _FUNCTIONS
 from agent.core.cel.library.format import _clause_error, _FormatError, _parse_format
 from agent.core.cel.library.regex import _re
 from agent.core.cel.types import _T, _fmt, _is_dyn
+
+_CONVERSIONS = frozenset({"int", "uint", "double", "string", "bytes", "bool", "dyn", "type"})
 
 
 def _calls(node: _Node) -> Iterator[_Call]:
@@ -159,8 +162,19 @@ def _bad_argument(arg: _Node, verb: str, types: Mapping[int, _T]) -> tuple[_Node
 
 
 def _plan_errors(ast: _Node) -> str | None:
-    """The first error building the program reports (a literal pattern that does not compile)."""
+    """The first error building the program reports.
+
+    cel-go's ``OptOptimize`` folds a conversion of a constant (``int('x')``) and compiles a literal
+    pattern while planning, so their errors come before any evaluation.
+    """
     for call in _calls(ast):
+        if call.function in _CONVERSIONS and len(call.args) == 1 and isinstance(call.args[0], _Lit):
+            try:
+                _FUNCTIONS[call.function](False, call.args[0].value)
+            except _RuntimeError as error:
+                return error.message
+            except (TypeError, ValueError):
+                return "no such overload"
         pattern: _Node | None = None
         if call.function in ("find", "findAll") and call.target is not None and call.args:
             pattern = call.args[0]

@@ -13,7 +13,7 @@ from typing import Any
 
 from agent.core.cel.errors import _RuntimeError
 from agent.core.cel.library.arguments import _l, _s
-from agent.core.cel.library.gotext import _go_float, _go_g, _go_quote
+from agent.core.cel.library.gotext import _go_float, _go_g, _go_quote, _printer_float
 from agent.core.cel.values import CelQuantity, CelSemver, _type_name, _TypeValue, _UInt
 
 _CLAUSE_ERRORS = {
@@ -125,7 +125,7 @@ def _format_value(value: Any, verb: str, precision: int | None) -> str:
         if name == "double" or special:
             number = float(value.replace("Infinity", "inf")) if special else float(value)
             digits = 6 if precision is None else precision
-            return _go_float(number, f".{digits}{verb}")
+            return _printer_float(number, verb, digits)
     elif verb == "b":
         if isinstance(value, bool):
             return "1" if value else "0"
@@ -157,8 +157,10 @@ def _format_s(value: Any, nested: bool = False) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        text = _go_g(value)
-        return f'"{text}"' if nested and (math.isnan(value) or math.isinf(value)) else text
+        if not nested:
+            return _go_g(value)
+        text = _go_float(value, ".6f")  # elements go through the %f clause (clauseForType)
+        return f'"{text}"' if math.isnan(value) or math.isinf(value) else text
     if value is None:
         return "null"
     if isinstance(value, str):

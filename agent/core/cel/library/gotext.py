@@ -68,3 +68,24 @@ def _go_quote(text: str) -> str:
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'
+
+
+_SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def _printer_float(number: float, verb: str, digits: int) -> str:
+    """golang.org/x/text's en_US printer, which cel-go's ``%f``/``%e`` clauses use.
+
+    ``%f`` groups thousands (``1,234.500000``); ``%e`` writes ``1.052033 × 10⁰³`` (narrow no-break
+    spaces, superscript exponent); infinities are ``∞``.
+    """
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "∞" if number > 0 else "-∞"
+    if verb == "f":
+        return format(number, f",.{digits}f")
+    mantissa, _, exponent = format(number, f".{digits}e").partition("e")
+    exp = int(exponent)
+    power = (("-" if exp < 0 else "") + f"{abs(exp):02d}").translate(_SUPERSCRIPT)
+    return f"{mantissa}\u202f×\u202f10{power}"

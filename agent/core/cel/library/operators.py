@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from fractions import Fraction
 from typing import Any
 
 from agent.core.cel.errors import _no_overload, _RuntimeError
@@ -32,9 +31,9 @@ def _equal(a: Any, b: Any) -> bool:
     if _is_num(a) and _is_num(b):
         if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
             return False
-        if (isinstance(a, float) and math.isinf(a)) or (isinstance(b, float) and math.isinf(b)):
-            return float(a) == float(b)
-        return Fraction(a) == Fraction(b)
+        if isinstance(a, float) or isinstance(b, float):
+            return float(a) == float(b)  # cel-go compares an integer with a double as a double
+        return int(a) == int(b)
     if _type_name(a) != _type_name(b):
         return False
     if isinstance(a, list):
@@ -50,11 +49,10 @@ def _compare(a: Any, b: Any) -> int:
     if _is_num(a) and _is_num(b):
         if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
             raise _RuntimeError("NaN values cannot be ordered")
-        if math.isinf(a) or math.isinf(b):  # no Fraction of an infinity
-            fa2, fb2 = float(a), float(b)
-            return (fa2 > fb2) - (fa2 < fb2)
-        fa, fb = Fraction(a), Fraction(b)
-        return (fa > fb) - (fa < fb)
+        if isinstance(a, float) or isinstance(b, float):
+            fa, fb = float(a), float(b)  # cel-go: an integer against a double, as a double
+            return (fa > fb) - (fa < fb)
+        return (int(a) > int(b)) - (int(a) < int(b))
     if type(a) is type(b) and isinstance(a, str | bytes | bool):
         return int((a > b) - (a < b))
     raise _no_overload()
