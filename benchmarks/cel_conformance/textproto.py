@@ -81,7 +81,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
 
 def parse(text: str) -> dict[str, list[Any]]:
     tokens = _tokens(text)
-    message, at = _message(tokens, 0, None)
+    message, _ = _message(tokens, 0, None)
     return message
 
 

@@ -197,12 +197,8 @@ class _Interpreter:
         else:
             raise _no_overload()
         if not self.optimize:  # the accumulator's empty literal is built, not folded
-            accumulator = {
-                "map": LIST_CREATE_COST,
-                "filter": LIST_CREATE_COST,
-                "transformList": LIST_CREATE_COST,
-            }
-            self.cost.charge(accumulator.get(node.kind, MAP_CREATE_COST if "Map" in node.kind else 0))
+            lists = ("map", "filter", "transformList")
+            self.cost.charge(LIST_CREATE_COST if node.kind in lists else MAP_CREATE_COST)
         fold = _Fold(self, node, inner)
         for key, value in pairs:
             if node.var2 is None:

@@ -76,8 +76,9 @@ _SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 def _printer_float(number: float, verb: str, digits: int) -> str:
     """golang.org/x/text's en_US printer, which cel-go's ``%f``/``%e`` clauses use.
 
-    ``%f`` groups thousands (``1,234.500000``); ``%e`` writes ``1.052033 × 10⁰³`` (narrow no-break
-    spaces, superscript exponent); infinities are ``∞``.
+    ``%f`` groups thousands (``1,234.500000``); ``%e`` writes ``1.052033``, a narrow no-break
+    space, the multiplication sign, another, ``10`` and the exponent in superscript digits
+    (``⁰³``); infinities are ``∞``.
     """
     if math.isnan(number):
         return "NaN"
@@ -88,4 +89,4 @@ def _printer_float(number: float, verb: str, digits: int) -> str:
     mantissa, _, exponent = format(number, f".{digits}e").partition("e")
     exp = int(exponent)
     power = (("-" if exp < 0 else "") + f"{abs(exp):02d}").translate(_SUPERSCRIPT)
-    return f"{mantissa}\u202f×\u202f10{power}"
+    return f"{mantissa}\u202f\u00d7\u202f10{power}"
