@@ -31,6 +31,11 @@ _FOLD_STEP = {
 }
 
 
+# The accumulators that start as an empty list or map literal (the quantifiers' are constants).
+_ACCUMULATOR_INIT = {"map": LIST_CREATE_COST, "filter": LIST_CREATE_COST, "transformList": LIST_CREATE_COST}
+_ACCUMULATOR_INIT |= {"transformMap": MAP_CREATE_COST, "transformMapEntry": MAP_CREATE_COST}
+
+
 class _Cost:
     __slots__ = ("limit", "spent")
 
@@ -197,8 +202,7 @@ class _Interpreter:
         else:
             raise _no_overload()
         if not self.optimize:  # the accumulator's empty literal is built, not folded
-            lists = ("map", "filter", "transformList")
-            self.cost.charge(LIST_CREATE_COST if node.kind in lists else MAP_CREATE_COST)
+            self.cost.charge(_ACCUMULATOR_INIT.get(node.kind, 0))
         fold = _Fold(self, node, inner)
         for key, value in pairs:
             if node.var2 is None:
