@@ -96,7 +96,7 @@ def _fields(body: str) -> dict[str, str]:
         elif c in "})]":
             depth -= 1
         elif c == ":" and depth == 0 and current is None:
-            current = body[key_start:i].strip()
+            current = re.sub(r"//[^\n]*", "", body[key_start:i]).strip()
             key_start = i + 1
         elif c == "," and depth == 0:
             if current is not None:

@@ -25,8 +25,7 @@ _MULTIPLICATIVE = {"*": "_*_", "/": "_/_", "%": "_%_"}
 _NAMESPACED = frozenset(
     {"sets.contains", "sets.equivalent", "sets.intersects", "strings.quote", "lists.range", "math.greatest"}
 )
-MAX_DEPTH = 250
-"""cel-go's default parser recursion limit (parser.MaxRecursionDepth)."""
+_OPTIONAL = "optional types ('.?', '[?', '{?') are in the scheduler's environment, but not evaluated here"
 
 
 class _SyntaxError(Exception):
@@ -44,7 +43,6 @@ class _Parser:
         except _LexError as error:
             raise _SyntaxError(error.pos, error.message) from None
         self.at = 0
-        self.depth = 0
         self.errors: list[tuple[int, str]] = []
 
     # --------------------------------------------------------------------------- tokens
@@ -82,9 +80,6 @@ class _Parser:
         return node
 
     def expr(self) -> _Node:
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise _SyntaxError(self.peek().pos, f"expression recursion limit exceeded: {MAX_DEPTH}")
         cond = self.logical("||")
         if self.is_op("?"):
             pos = self.take().pos
@@ -92,7 +87,6 @@ class _Parser:
             self.expect(":")
             other = self.expr()
             cond = _Call(pos, "_?_:_", None, (cond, then, other))
-        self.depth -= 1
         return cond
 
     def logical(self, op: str) -> _Node:
@@ -144,23 +138,27 @@ class _Parser:
         while True:
             if self.is_op("."):
                 dot = self.take()
-                if self.is_op("?"):
-                    return self.error(self.take().pos, "unsupported syntax '.?'")
+                optional = self.peek().pos if self.is_op("?") else -1
+                if optional >= 0:  # optional types: declared by the scheduler, not evaluated here
+                    self.take()
                 name = self.peek()
                 if name.kind not in ("ident", "escident"):
                     self.mismatch()
                 self.take()
-                if name.kind == "ident" and self.is_op("("):
+                if optional >= 0:
+                    node = self.error(optional, _OPTIONAL)
+                elif name.kind == "ident" and self.is_op("("):
                     node = self.member_call(node, name)
                 else:
                     node = _Select(dot.pos, node, name.text.strip("`"))
             elif self.is_op("["):
                 bracket = self.take()
-                if self.is_op("?"):
-                    return self.error(self.take().pos, "unsupported syntax '[?'")
+                optional = self.take().pos if self.is_op("?") else -1
                 index = self.expr()
                 self.expect("]")
                 node = _Call(bracket.pos, "_[_]", None, (node, index))
+                if optional >= 0:
+                    node = self.error(optional, _OPTIONAL)
             else:
                 return node
 
@@ -240,7 +238,7 @@ class _Parser:
         entries: list[tuple[_Node, _Node]] = []
         while not self.is_op("}"):
             if self.is_op("?"):
-                self.error(self.take().pos, "unsupported syntax '?'")
+                self.error(self.take().pos, _OPTIONAL)
             if message:  # a field initializer (``Msg{field: v}``)
                 name = self.take()
                 key: _Node = _Lit(name.pos, name.text)

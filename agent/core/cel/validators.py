@@ -107,8 +107,6 @@ def _check_format(call: _Call, text: str, args: _ListLit, types: Mapping[int, _T
     def verify(index: int, verb: str, precision: int | None) -> None:
         nonlocal used
         used += 1
-        if index >= len(args.items):
-            raise _FormatError(call.pos, f"index {index} out of range")
         arg = args.items[index]
         bad = _bad_argument(arg, verb, types)
         if bad is not None:
@@ -116,16 +114,12 @@ def _check_format(call: _Call, text: str, args: _ListLit, types: Mapping[int, _T
             raise _FormatError(node.pos, message)
 
     try:
-        _parse_format(text, verify)
+        _parse_format(text, verify, len(args.items), checking=True)
     except _FormatError as error:
         return [(error.pos if error.pos >= 0 else call.pos, error.message)]
     if len(args.items) > used:
-        return [
-            (
-                call.pos,
-                f"too many arguments supplied to string.format (expected {used}, got {len(args.items)})",
-            )
-        ]
+        message = f"too many arguments supplied to string.format (expected {used}, got {len(args.items)})"
+        return [(call.pos, message)]
     return []
 
 

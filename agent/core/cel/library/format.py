@@ -46,8 +46,12 @@ def _clause_error(verb: str, type_name: str) -> str:
 _Clause = Callable[[int, str, int | None], str | None]
 
 
-def _parse_format(text: str, clause: _Clause, size: int | None = None) -> str:
-    """cel-go's parseFormatString: `clause` formats (or checks) each argument in turn."""
+def _parse_format(text: str, clause: _Clause, size: int, *, checking: bool = False) -> str:
+    """cel-go's parseFormatString: `clause` formats (or checks) each argument in turn.
+
+    `checking`: the compile-time check, whose argument list only counts (cel-go's
+    stringFormatChecker.Arg), so a missing argument is found after the end of the string.
+    """
     out: list[str] = []
     i = 0
     index = 0
@@ -60,10 +64,12 @@ def _parse_format(text: str, clause: _Clause, size: int | None = None) -> str:
             out.append("%")
             i += 2
             continue
-        if size is not None and index >= size:
+        if not checking and index >= size:
             raise _FormatError(-1, f"index {index} out of range")
         if i + 1 >= len(text):
             raise _FormatError(-1, "unexpected end of string")
+        if index >= size:
+            raise _FormatError(-1, f"index {index} out of range")
         read, verb, precision = _parse_clause(text, i + 1)
         try:
             formatted = clause(index, verb, precision)
