@@ -133,7 +133,7 @@ RUNTIME_ERRORS = [
     ("1 / 0 == 1", "division by zero"),
     ("1 % 0 == 1", "modulus by zero"),
     ("9223372036854775807 + 1 == 0", "integer overflow"),
-    ("[1][3] == 1", "index '3' out of range in list size '1'"),
+    ("[1][3] == 1", "index out of bounds: 3"),
     ("quantity('x').sign() == 0", "quantities must match the regular expression"),
     ("semver('1.0').major() == 1", "No Major.Minor.Patch elements found"),
     (f"{A}.productName", "CEL result of type string could not be converted to bool"),

@@ -153,6 +153,16 @@ def test_8_compile_errors_read_as_the_scheduler_s() -> None:
     assert "<input>:1:5: expected type 'int' but found 'string'" in compile_error("[1, 'a'] == []")
 
 
+def test_8_runtime_errors_read_as_the_scheduler_s() -> None:
+    """cel-go interpreter/attributes.go (an index qualifies an attribute: ``index out of bounds``),
+    common/decls/decls.go MaybeNoSuchOverload (a function's guard names the argument types),
+    common/types/int.go Add (an operator's trait: a bare ``no such overload``)."""
+    assert runtime_error(f"[{A}.index][3] == 1") == "index out of bounds: 3"
+    assert runtime_error(f"[1][dyn({A}.uuid)] == 1") == "unsupported index type 'string' in list"
+    assert runtime_error(f"dyn({A}.index).charAt(0) == ''") == "no such overload: charAt(int, int)"
+    assert runtime_error(f"dyn({A}.uuid) + 1 == 2") == "no such overload"
+
+
 def _literal(n: int) -> str:
     return "[" + ", ".join(str(i) for i in range(n)) + "]"
 

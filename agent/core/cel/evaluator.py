@@ -148,15 +148,15 @@ class _Interpreter:
                 f"function '{name}' is in the scheduler's CEL environment, but not evaluated here"
             )
         impl = _FUNCTIONS.get(name)
-        if impl is None:
-            raise _no_overload(name)
         values = [target, *args] if node.target is not None else args
+        if impl is None:
+            raise _dispatch_error(name, values)
         try:
             result = impl(node.target is not None, *values)
         except _RuntimeError:
             raise
         except (TypeError, AttributeError, IndexError, KeyError, ValueError):
-            raise _no_overload(name) from None
+            raise _dispatch_error(name, values) from None
         if name == "_[_]":
             self.cost.charge(SELECT_COST)  # an index is a qualifier of an attribute
         elif name == "@in" and self.optimize and _constant_set(node.args[1]):
@@ -325,6 +325,15 @@ class _Fold:
         if self.error is not None:
             raise self.error
         return kind == "all"
+
+
+def _dispatch_error(name: str, values: list[Any]) -> _RuntimeError:
+    """cel-go's message when no overload takes the arguments at runtime: an operator's trait
+    (``Int.Add`` and the like) says ``no such overload``; a function's guard
+    (common/decls/decls.go MaybeNoSuchOverload) names it with the arguments' types."""
+    if name.startswith("_") or name in ("-_", "!_", "@in"):
+        return _no_overload()
+    return _no_overload(f"{name}({', '.join(_type_name(v) for v in values)})")
 
 
 def _key_text(key: Any) -> str:

@@ -109,12 +109,14 @@ def _binary(name: str) -> Callable[..., Any]:
                 return any(_equal(a, k) for k in b)
             raise TypeError
         if name == "_[_]":
-            if isinstance(a, list):
-                if not (_is_num(b) and float(b).is_integer()):
-                    raise TypeError
+            if isinstance(a, list):  # cel-go: an index qualifies an attribute (interpreter/attributes.go)
+                if not _is_num(b):
+                    raise _RuntimeError(f"unsupported index type '{_type_name(b)}' in list")
+                if not float(b).is_integer() or not _INT_MIN <= b <= _INT_MAX:
+                    raise _RuntimeError(f"unsupported index value {_show(b)} in list")
                 index = int(b)
                 if not 0 <= index < len(a):
-                    raise _RuntimeError(f"index '{index}' out of range in list size '{len(a)}'")
+                    raise _RuntimeError(f"index out of bounds: {_show(b)}")
                 return a[index]
             if isinstance(a, dict):
                 for key in a:
