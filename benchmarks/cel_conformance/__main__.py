@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from benchmarks.cel_conformance import gosuite, specsuite
@@ -97,6 +97,12 @@ def report(outcomes: list[Outcome], left_out: list[Case]) -> None:
     _row("total", totals)
 
 
+def _reasons(title: str, reasons: list[str]) -> None:
+    print(f"\n{title}:")
+    for reason, count in sorted(Counter(reasons).items(), key=lambda item: -item[1]):
+        print(f"  {count:5}  {reason}")
+
+
 def _row(name: str, r: list[int]) -> None:
     cells = [*r[:6], f"{r[6]}/{r[7]}", f"{r[8]}/{r[9]}"]
     print(f"{name:28} " + " ".join(f"{c:>8}" for c in cells))
@@ -114,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     left_out = [c for c in cases if c.left_out]
     outcomes = [run(c) for c in cases if not c.left_out]
     report(outcomes, left_out)
+    _reasons("left out", [c.left_out for c in left_out])
+    _reasons("env", [o.environment for o in outcomes if not o.agrees and o.environment])
     if args.failures:
         for o in outcomes:
             wrong_cost = o.case.cost is not None and o.cost != o.case.cost

@@ -131,7 +131,7 @@ def cases(suite: str, source: str, *, kubernetes: bool = False) -> list[Case]:
             continue
         needs = [f for f in _UNSUPPORTED_FIELDS if f in fields]
         if needs:
-            out.append(Case(suite, label, expr, left_out=f"needs Go values ({', '.join(needs)})"))
+            out.append(Case(suite, label, expr, left_out=_why(needs)))
             continue
         out.append(
             _kubernetes(suite, label, expr, fields)
@@ -139,6 +139,12 @@ def cases(suite: str, source: str, *, kubernetes: bool = False) -> list[Case]:
             else _cel_go(suite, label, expr, fields, cost)
         )
     return out
+
+
+def _why(needs: list[str]) -> str:
+    if "unparsed" in needs:
+        return "a parse/unparse test (no evaluation)"
+    return f"needs Go values ({', '.join(needs)})"
 
 
 def _cel_go(suite: str, label: str, expr: str, fields: dict[str, str], cost: int | None) -> Case:
