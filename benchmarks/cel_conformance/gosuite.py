@@ -14,38 +14,13 @@ import re
 from typing import Any
 
 from benchmarks.cel_conformance.cases import Case
-
-_GO_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v", "\\": "\\"}
-_GO_ESCAPES |= {'"': '"', "'": "'"}
+from benchmarks.cel_conformance.textproto import unescape
 
 
 def _go_string(literal: str) -> str:
     if literal.startswith("`"):
         return literal[1:-1]
-    body = literal[1:-1]
-    out = bytearray()
-    i = 0
-    while i < len(body):
-        c = body[i]
-        if c != "\\":
-            out += c.encode()
-            i += 1
-            continue
-        e = body[i + 1]
-        if e in _GO_ESCAPES:
-            out += _GO_ESCAPES[e].encode()
-            i += 2
-        elif e == "x":
-            out.append(int(body[i + 2 : i + 4], 16))
-            i += 4
-        elif e in "uU":
-            n = 4 if e == "u" else 8
-            out += chr(int(body[i + 2 : i + 2 + n], 16)).encode("utf-8", "surrogatepass")
-            i += 2 + n
-        else:
-            out.append(int(body[i + 1 : i + 4], 8))
-            i += 4
-    return out.decode("utf-8", "surrogateescape")
+    return unescape(literal[1:-1]).decode("utf-8", "surrogateescape")
 
 
 _STRING = r'(?:`[^`]*`|"(?:\\.|[^"\\\n])*")'

@@ -34,7 +34,8 @@ class RawString(str):
         return text
 
 
-def _unescape(body: str) -> bytes:
+def unescape(body: str) -> bytes:
+    """C-style escapes (also Go's): ``\\n``, ``\\xHH``, ``\\uHHHH``, ``\\UHHHHHHHH``, octal -> bytes."""
     out = bytearray()
     i = 0
     while i < len(body):
@@ -131,7 +132,7 @@ def _value(tokens: list[tuple[str, str]], at: int) -> tuple[Any, int]:
     if kind == "str":
         raw = b""
         while at < len(tokens) and tokens[at][0] == "str":  # adjacent strings concatenate
-            raw += _unescape(tokens[at][1][1:-1])
+            raw += unescape(tokens[at][1][1:-1])
             at += 1
         return RawString(raw), at
     if kind == "num":

@@ -22,6 +22,7 @@ from agent.core.cel.macros import _global_macro, _receiver_macro
 _RELATIONS = {"<": "_<_", "<=": "_<=_", ">": "_>_", ">=": "_>=_", "==": "_==_", "!=": "_!=_", "in": "@in"}
 _ADDITIVE = {"+": "_+_", "-": "_-_"}
 _MULTIPLICATIVE = {"*": "_*_", "/": "_/_", "%": "_%_"}
+_LEVELS = (_RELATIONS, _ADDITIVE, _MULTIPLICATIVE)
 _NAMESPACED = frozenset(
     {"sets.contains", "sets.equivalent", "sets.intersects", "strings.quote", "lists.range", "math.greatest"}
 )
@@ -90,33 +91,24 @@ class _Parser:
         return cond
 
     def logical(self, op: str) -> _Node:
-        left = self.logical("&&") if op == "||" else self.relation()
+        left = self.logical("&&") if op == "||" else self.binary(0)
         while self.is_op(op):
             pos = self.take().pos
-            right = self.logical("&&") if op == "||" else self.relation()
+            right = self.logical("&&") if op == "||" else self.binary(0)
             left = _Call(pos, f"_{op}_", None, (left, right))
         return left
 
-    def relation(self) -> _Node:
-        left = self.additive()
-        while self.peek().kind == "op" and self.peek().text in _RELATIONS:
+    def binary(self, level: int) -> _Node:
+        """Left-associative operators of one precedence level (`_LEVELS`, loosest first)."""
+        operators = _LEVELS[level]
+        left = self.operand(level)
+        while self.peek().kind == "op" and self.peek().text in operators:
             token = self.take()
-            left = _Call(token.pos, _RELATIONS[token.text], None, (left, self.additive()))
+            left = _Call(token.pos, operators[token.text], None, (left, self.operand(level)))
         return left
 
-    def additive(self) -> _Node:
-        left = self.multiplicative()
-        while self.peek().kind == "op" and self.peek().text in _ADDITIVE:
-            token = self.take()
-            left = _Call(token.pos, _ADDITIVE[token.text], None, (left, self.multiplicative()))
-        return left
-
-    def multiplicative(self) -> _Node:
-        left = self.unary()
-        while self.peek().kind == "op" and self.peek().text in _MULTIPLICATIVE:
-            token = self.take()
-            left = _Call(token.pos, _MULTIPLICATIVE[token.text], None, (left, self.unary()))
-        return left
+    def operand(self, level: int) -> _Node:
+        return self.binary(level + 1) if level + 1 < len(_LEVELS) else self.unary()
 
     def unary(self) -> _Node:
         token = self.peek()
