@@ -142,7 +142,9 @@ _OTHER_LIBRARIES = re.compile(r"\b(?:url|isURL|ip|isIP|cidr|isCIDR|authorizer|fo
 
 def _kubernetes(suite: str, label: str, expr: str, fields: dict[str, str]) -> Case:
     if _OTHER_LIBRARIES.search(expr):
-        return Case(suite, label, expr, left_out="URL, IP, CIDR, authz or format library (not in issue 32)")
+        return Case(
+            suite, label, expr, left_out="URL, IP, CIDR, authz, format or jsonpatch library (not in issue 32)"
+        )
     if "expectRuntimeCost" in fields:
         cost = int(fields["expectRuntimeCost"]) if fields["expectRuntimeCost"].isdigit() else None
         return Case(suite, label, expr, "any", cost=cost)

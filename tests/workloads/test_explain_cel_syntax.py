@@ -18,6 +18,7 @@ ERRORS = [
     ("1 2", "1:3: Syntax error: extraneous input '2'"),
     ("f(1,)", "1:5: Syntax error: mismatched input ')'"),
     ("if", "1:1: reserved identifier: if"),
+    ("isImage('nginx')", "1:8: undeclared reference to 'isImage'"),  # base.go declares no image library
     ("9223372036854775808 == 1", "1:1: invalid int literal"),
     ("18446744073709551616u == 1u", "1:1: invalid uint literal"),
     ("'\\q' == ''", "1:1: unable to unescape string"),

@@ -50,9 +50,9 @@ here (171 of 171; the other 42 are homogeneous-literal rejections).
 
 Gaps (complete; each named where it applies):
 
-- Not evaluated, though the scheduler's environment has them: the URL, IP/CIDR, ``format.*``,
-  image, authz and ``jsonpatch`` libraries, durations and timestamps (they compile; evaluation
-  says explain does not evaluate them); optional types (``.?field``, ``[?key]``, ``{?key: v}``,
+- Not evaluated, though the scheduler's environment has them: the URL, IP/CIDR, ``format.*`` and
+  authz selector libraries, durations and timestamps (they compile; evaluation says explain does
+  not evaluate them); optional types (``.?field``, ``[?key]``, ``{?key: v}``,
   ``optional.*``: a compile error here); the 1.36 ``includes`` function and the
   ``device.allowMultipleAllocations`` field (feature-gated in the scheduler: ``undeclared
   reference`` and ``undefined field`` here).

@@ -2,7 +2,8 @@
 
 Standard CEL, cel-go's strings (version 2), sets and lists (version 3) extensions, the Kubernetes
 lists, regex, quantity and semver (version 1) libraries. `_UNSUPPORTED` lists what the environment
-declares but explain does not evaluate (URL, IP/CIDR, format, image, authz, durations and timestamps).
+declares but explain does not evaluate (URL, IP/CIDR, format, authz selectors, durations and
+timestamps).
 """
 
 from __future__ import annotations
@@ -140,14 +141,13 @@ _DECLS = _declarations()
 
 _UNSUPPORTED = frozenset(
     {
-        # Kubernetes URL, IP, CIDR, format, image and authz libraries; durations and timestamps.
+        # Kubernetes URL, IP, CIDR, format and authz selector libraries; durations and timestamps.
+        # (No image library and no authorizer variable: base.go and compile.go declare none.)
         "url", "isURL", "getScheme", "getHost", "getHostname", "getPort", "getEscapedPath", "getQuery",
         "ip", "isIP", "family", "isUnspecified", "isLoopback", "isLinkLocalMulticast",
         "isLinkLocalUnicast", "isGlobalUnicast", "isCanonical", "cidr", "isCIDR", "containsIP",
         "containsCIDR", "masked", "prefixLength", "validate", "named", "duration", "timestamp",
         "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getFullYear", "getMonth",
-        "getHours", "getMilliseconds", "getMinutes", "getSeconds", "image", "isImage",
-        "containerImage", "registry", "repository", "identifier", "tag", "digest",
-        "authorizer", "fieldSelector", "labelSelector",
+        "getHours", "getMilliseconds", "getMinutes", "getSeconds", "fieldSelector", "labelSelector",
     }
 )  # fmt: skip
