@@ -37,16 +37,16 @@ Conformance (run outside CI: ``python -m benchmarks.cel_conformance``; 2026-12-0
 cases of cel-spec (tests/simple/testdata: basic, comparisons, conversions, fields, integer_math,
 lists, logic, macros, macros2, parse, plumbing, string, string_ext, bindings_ext, fp_math; commit
 508bd98), cel-go v0.26.0's extension tests (strings, sets, bindings, comprehensions, lists,
-formatting) and k8s.io/apiserver v0.36.3's library tests (quantity, semver, cost): 2,000 cases,
-291 left out (protobuf messages, timestamps and durations, optional types, containers, Go-valued
-variables, the strings extension's version 4 format, the URL, IP, CIDR, authz, format and
-jsonpatch libraries). Of the 1,709 run, 1,705 agree with the scheduler: 1,582 give the suite's
-own answer and 123 are what the Kubernetes environment does where the suite assumes another
-(85 homogeneous-literal and 27 type-check rejections of cases the suites run with mixed literals
-or unchecked, 8 string ``reverse()`` calls that strings version 2 lacks, 3 cel-spec cases where
-cel-go v0.26 answers otherwise). Every error text the cel-go and Kubernetes suites state for the scheduler's
-environment is ours (69 of 69); the stated runtime costs are met wherever the case evaluates
-here (171 of 171; the other 42 are homogeneous-literal rejections).
+formatting) and k8s.io/apiserver v0.36.3's library tests (quantity, semver, cost): 2,000 cases, 291
+left out (protobuf messages, timestamps and durations, optional types, containers, Go-valued
+variables, the strings extension's version 4 format, the URL, IP, CIDR, authz, format and jsonpatch
+libraries). Of the 1,709 run, 1,705 agree with the scheduler: 1,582 give the suite's own answer and
+123 are what the Kubernetes environment does where the suite assumes another (85
+homogeneous-literal and 27 type-check rejections of cases the suites run with mixed literals or
+unchecked, 8 string ``reverse()`` calls that strings version 2 lacks, 3 cel-spec cases where cel-go
+v0.26 answers otherwise). Every error text the cel-go and Kubernetes suites state for the
+scheduler's environment is ours (69 of 69); the stated runtime costs are met wherever the case
+evaluates here (171 of 171; the other 42 are homogeneous-literal rejections).
 
 Gaps (complete; each named where it applies):
 
