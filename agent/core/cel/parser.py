@@ -24,7 +24,7 @@ _ADDITIVE = {"+": "_+_", "-": "_-_"}
 _MULTIPLICATIVE = {"*": "_*_", "/": "_/_", "%": "_%_"}
 _LEVELS = (_RELATIONS, _ADDITIVE, _MULTIPLICATIVE)
 _NAMESPACED = frozenset(
-    {"sets.contains", "sets.equivalent", "sets.intersects", "strings.quote", "lists.range", "math.greatest"}
+    {"sets.contains", "sets.equivalent", "sets.intersects", "strings.quote", "lists.range"}
 )
 _OPTIONAL = "optional types ('.?', '[?', '{?') are in the scheduler's environment, but not evaluated here"
 
@@ -112,7 +112,7 @@ class _Parser:
 
     def unary(self) -> _Node:
         token = self.peek()
-        if token.kind == "op" and token.text in "!-" and token.text:
+        if token.kind == "op" and token.text in ("!", "-"):
             if token.text == "-" and self.peek(1).kind in ("int", "float"):
                 return self.member()  # a negative literal, as cel-go's grammar reads it
             count = 0
