@@ -40,6 +40,7 @@ _WITHOUT = {"no-cper": {"amdsmi_get_gpu_cper_entries"}}
 STATUS_NOT_SUPPORTED = 2
 STATUS_DRM_ERROR = 6
 STATUS_NO_PERM = 10
+STATUS_INIT_ERROR = 18
 STATUS_FILE_ERROR = 14
 STATUS_NOT_FOUND = 31
 STATUS_DRIVER_NOT_LOADED = 34
@@ -142,7 +143,7 @@ class GpuSpec:
     temp_hotspot: int | None = 45
     temp_edge: int | None = 38
     socket_power: int = 150
-    unsupported: frozenset[str] = frozenset()
+    unsupported: set[str] = field(default_factory=set)
     fail: dict[str, int] = field(default_factory=dict)
     lost: bool = False
     _bound: Any = field(default=None, repr=False, compare=False)
@@ -406,7 +407,7 @@ def mi210(count: int = 4) -> list[GpuSpec]:
             driver_version="inbox",
             numa_node=0,
             kfd_node=2 + g,
-            unsupported=frozenset({"amdsmi_get_gpu_cper_entries", "amdsmi_gpu_xgmi_error_status"}),
+            unsupported={"amdsmi_get_gpu_cper_entries", "amdsmi_gpu_xgmi_error_status"},
         )
         for g in range(count)
     ]
@@ -415,3 +416,10 @@ def mi210(count: int = 4) -> list[GpuSpec]:
 def replace(spec: GpuSpec, **changes: Any) -> GpuSpec:
     """A copy of `spec` (unbound) with `changes`."""
     return dataclasses.replace(spec, _bound=None, **changes)
+
+
+def __getattr__(name: str) -> Any:
+    # AMD's exception classes (``AmdSmiLibraryException``...), from the real binding over the stand-in.
+    if name.startswith("AmdSmi"):
+        return getattr(load().module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
