@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from agent.core.errors import BackendError
+from agent.core.errors import AgentError, BackendError, ConfigError
 from agent.core.logs import log_fields
 
 log = logging.getLogger("agent.backends.amd")
@@ -54,13 +54,23 @@ REQUIRED_NAMES = (
 
 INSTALL_HINT = (
     "install ROCm 6.2 or newer on the node (it provides libamd_smi.so and the amdsmi Python package), "
-    "mount the host's ROCm directory into the agent's container at /opt/rocm (or set ROCM_PATH to it)"
+    "with the amdsmi Python package of the same version ('pip install dra-agent[amd]'), or mount the "
+    "host's ROCm directory into the agent's container at /opt/rocm (or set ROCM_PATH to it)"
 )
 PAIR_HINT = (
     "use the binding of the host's ROCm (mount the host's ROCm directory at /opt/rocm: its "
     "share/amd_smi is preferred) or install the matching binding in the image "
     "(pip install 'amdsmi==<the host's ROCm version>')"
 )
+
+
+class BindingMismatchError(BackendError, ConfigError):
+    """The amdsmi binding and the host's libamd_smi.so are not one ROCm release: a deployment
+    error (exit 2 in ``dra-agent devices``; an optional backend is not served, a required one fails)."""
+
+    def __init__(self, message: str, library: str, binding: str) -> None:
+        AgentError.__init__(self, message)
+        self.option, self.value, self.accepted = "libamd_smi.so", library, f"the library of amdsmi {binding}"
 
 
 def rocm_dir() -> Path:
@@ -120,10 +130,13 @@ def import_amdsmi(import_module: Callable[[str], Any] = importlib.import_module)
         ) from error
     except AttributeError as error:
         # The wrapper binds every symbol at import: the library is older than the binding.
-        raise BackendError(
+        binding = _binding_version(import_module)
+        raise BindingMismatchError(
             f"amd backend: {rocm_dir()}/lib/libamd_smi.so lacks a function {where} "
-            f"(amdsmi {_binding_version(import_module)}) needs ({_symbol(error)}): the library is older "
-            f"than the binding; {PAIR_HINT}"
+            f"(amdsmi {binding}) needs ({_symbol(error)}): the library is older "
+            f"than the binding; {PAIR_HINT}",
+            "older",
+            binding,
         ) from error
     except ImportError as error:
         raise BackendError(
@@ -181,8 +194,10 @@ def check_pair(module: Any) -> str:
     release = _release(binding)
     expected = LIB_MAJOR_BY_ROCM.get(release) if release else None
     if expected is not None and expected != lib_major:
-        raise BackendError(
+        raise BindingMismatchError(
             f"amd backend: libamd_smi {lib_version} (under {rocm_dir()}/lib) does not match the amdsmi "
-            f"binding {binding} (made for libamd_smi {expected}.x): {PAIR_HINT}"
+            f"binding {binding} (made for libamd_smi {expected}.x): {PAIR_HINT}",
+            lib_version,
+            binding,
         )
     return lib_version

@@ -16,17 +16,17 @@ from agent.core.model import HealthStatus, Severity
 from agent.health.tracker import HealthTracker
 from backends.amd.backend import AmdBackend
 from backends.amd.checks import EccReading, read_ecc
-from backends.amd.health import close_readers, open_readers
+from backends.amd.events import close_readers, open_readers
 from tests.amd.conftest import MakeBackend
-from tests.fakes.fake_amdsmi import (
-    AMDSMI_STATUS_NO_PERM,
-    AMDSMI_STATUS_NOT_FOUND,
-    AMDSMI_STATUS_NOT_SUPPORTED,
+from tests.fakes.amd_standin import (
+    STATUS_NO_PERM,
+    STATUS_NOT_FOUND,
+    STATUS_NOT_SUPPORTED,
     AmdSmiLibraryException,
     AmdSmiRetryException,
     AmdSmiTimeoutException,
-    FakeAmdSmi,
-    FakeGpu,
+    StandIn,
+    GpuSpec,
     cper_record,
     mi210,
     mi300x,
@@ -63,10 +63,10 @@ async def eventually(check: Callable[[], bool], limit: float = 5.0) -> None:
 @asynccontextmanager
 async def monitoring(
     make_backend: MakeBackend,
-    gpus: list[FakeGpu],
+    gpus: list[GpuSpec],
     settings: dict[str, str] | None = None,
     **fake_kwargs: object,
-) -> AsyncIterator[tuple[AmdBackend, FakeAmdSmi, Sink]]:
+) -> AsyncIterator[tuple[AmdBackend, StandIn, Sink]]:
     backend, fake = make_backend(gpus, settings=dict(settings or SETTINGS), **fake_kwargs)
     await backend.start()
     await backend.discover()
@@ -135,7 +135,7 @@ async def test_ring_hang_where_the_amdsmi_version_has_it(
     members = {m.name: m.value for m in fake_module.AmdSmiEvtNotificationType} | {"RING_HANG": 14}
     newer = enum.IntEnum("AmdSmiEvtNotificationType", members)  # type: ignore[misc]
     monkeypatch.setattr(fake_module, "AmdSmiEvtNotificationType", newer)
-    monkeypatch.setattr(FakeAmdSmi, "AmdSmiEvtNotificationType", newer)
+    monkeypatch.setattr(StandIn, "AmdSmiEvtNotificationType", newer)
     async with monitoring(make_backend, mi210(2)) as (_, fake, sink):
         assert fake.event_masks[fake.handle(0).value] & (1 << 13)
         fake.push_event(1, "RING_HANG", "ring gfx_0.0.0 timeout")
@@ -147,18 +147,18 @@ async def test_ring_hang_where_the_amdsmi_version_has_it(
 async def test_events_unavailable_marks_unmonitored_until_they_open(
     make_backend: MakeBackend, fake_clock: FakeClock
 ) -> None:
-    async with monitoring(make_backend, mi210(2), events_error=AMDSMI_STATUS_NO_PERM) as (_, fake, sink):
+    async with monitoring(make_backend, mi210(2), events_status=STATUS_NO_PERM) as (_, fake, sink):
         await eventually(lambda: len(sink.of("unmonitored")) == 2)
         await next_poll(sink, fake_clock)  # still failing: reported once
         assert len(sink.of("unmonitored")) == 2
-        fake.events_error = None
+        fake.set_behaviour(events_status=0)
         await next_poll(sink, fake_clock)
         await eventually(lambda: len(sink.of("unmonitored")) == 4)
     marks = sink.of("unmonitored")
     assert all(e.value == "events" and e.severity is Severity.WARNING for e in marks)
     assert all(e.kind is ConditionKind.STATE for e in marks)
     assert [e.cleared for e in marks] == [False, False, True, True]
-    assert "AMDSMI_STATUS_NO_PERM" in marks[0].message
+    assert "STATUS_NO_PERM" in marks[0].message
 
 
 async def test_event_read_failure_then_recovery(
@@ -168,7 +168,7 @@ async def test_event_read_failure_then_recovery(
         failures = [
             AmdSmiTimeoutException(),
             AmdSmiRetryException(),
-            AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED),
+            AmdSmiLibraryException(STATUS_NOT_SUPPORTED),
         ]
         original = fake._read_events
 
@@ -242,7 +242,7 @@ async def test_cper_unsupported_is_not_unmonitored(make_backend: MakeBackend, fa
     async with monitoring(make_backend, mi210(1)) as (_, fake, sink):
         await next_poll(sink, fake_clock)
     assert sink.events == []
-    assert fake.calls["amdsmi_get_gpu_cper_entries"] == 1  # not asked again once unsupported
+    assert fake.calls("amdsmi_get_gpu_cper_entries") == 1  # not asked again once unsupported
 
 
 async def test_gpu_lost_and_back(make_backend: MakeBackend, fake_clock: FakeClock) -> None:
@@ -260,12 +260,12 @@ async def test_gpu_lost_and_back(make_backend: MakeBackend, fake_clock: FakeCloc
         ConditionKind.STATE,
         False,
     )
-    assert "AMDSMI_STATUS_NOT_FOUND" in lost.message
+    assert "STATUS_NOT_FOUND" in lost.message
     assert (back.device, back.cleared) == ("gpu-2-129", True)
 
 
 def test_read_ecc_unsupported_block_is_skipped() -> None:
-    fake = FakeAmdSmi(mi210(1))
+    fake = StandIn(mi210(1))
     fake.amdsmi_init()
     gpu = fake.gpus[0]
     gpu.ecc_enabled_mask = 0b11
@@ -274,7 +274,7 @@ def test_read_ecc_unsupported_block_is_skipped() -> None:
 
     def count(handle: object, block: object) -> dict[str, int]:
         if getattr(block, "name", "") == "SDMA":
-            raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_FOUND)
+            raise AmdSmiLibraryException(STATUS_NOT_FOUND)
         return original(handle, block)  # type: ignore[arg-type]
 
     fake.amdsmi_get_gpu_ecc_count = count  # type: ignore[method-assign,assignment]
@@ -310,7 +310,7 @@ async def test_shutdown_while_waiting_for_events_is_prompt(make_backend: MakeBac
             await eventually(lambda: len(fake.event_masks) == 2)
             await anyio.sleep(0.05)  # the reader is now blocked in read()
             tg.cancel_scope.cancel()
-    assert fake.readers_stopped == 2
+    assert fake.calls("amdsmi_stop_gpu_event_notification") == 2
     assert fake.event_masks == {}
     await backend.stop()
 
@@ -325,7 +325,7 @@ async def test_no_devices_waits_quietly(make_backend: MakeBackend) -> None:
 
 
 def test_open_readers_tolerates_one_lost_gpu_but_not_all() -> None:
-    fake = FakeAmdSmi(mi210(2))
+    fake = StandIn(mi210(2))
     fake.amdsmi_init()
     fake.gpus[1].lost = True
     assert len(open_readers(fake, [fake.handle(0), fake.handle(1)])) == 1
@@ -351,6 +351,6 @@ async def test_rediscovery_restarts_monitoring_with_the_new_devices(make_backend
 def test_close_readers_never_raises() -> None:
     class Broken:
         def stop(self) -> None:
-            raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_FOUND)
+            raise AmdSmiLibraryException(STATUS_NOT_FOUND)
 
-    close_readers(FakeAmdSmi(), [Broken(), Broken()])
+    close_readers(StandIn(), [Broken(), Broken()])

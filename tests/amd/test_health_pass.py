@@ -28,14 +28,14 @@ from backends.amd.backend import AmdBackend
 from backends.amd.trends import RateWindow
 from tests.amd.conftest import MakeBackend
 from tests.amd.test_health import SETTINGS, Sink, eventually, monitoring, next_poll
-from tests.fakes.fake_amdsmi import (
-    AMDSMI_STATUS_DRIVER_NOT_LOADED,
-    AMDSMI_STATUS_FILE_ERROR,
-    AMDSMI_STATUS_NOT_FOUND,
+from tests.fakes.amd_standin import (
+    STATUS_DRIVER_NOT_LOADED,
+    STATUS_FILE_ERROR,
+    PAGE_PENDING,
+    PAGE_RESERVED,
+    STATUS_NOT_FOUND,
     AmdSmiLibraryException,
-    AmdSmiMemoryPageStatus,
-    AmdSmiXgmiStatus,
-    FakeAmdSmi,
+    StandIn,
     bad_page,
     mi210,
     mi300x,
@@ -106,7 +106,7 @@ async def test_bad_pages_pending_then_threshold_then_cleared(
     gpus = mi300x("cpx_nps4", count=1)
     gpus[0].bad_page_threshold = 3
     async with monitoring(make_backend, gpus) as (_, _, sink):
-        gpus[0].bad_pages = [bad_page(0x1000, AmdSmiMemoryPageStatus.PENDING)]
+        gpus[0].bad_pages = [bad_page(0x1000, PAGE_PENDING)]
         await next_poll(sink, fake_clock)
         await next_poll(sink, fake_clock)  # unchanged: not reported again
         assert len(sink.of("bad-pages")) == 8
@@ -170,10 +170,10 @@ async def test_pcie_replay_rate_over_and_under_its_threshold(
 async def test_xgmi_errors_while_the_status_says_so(make_backend: MakeBackend, fake_clock: FakeClock) -> None:
     gpus = mi300x(count=2)
     async with monitoring(make_backend, gpus) as (_, _, sink):
-        gpus[1].xgmi_status = AmdSmiXgmiStatus.MULTIPLE_ERRORS
+        gpus[1].xgmi_status = 2
         await next_poll(sink, fake_clock)
         await next_poll(sink, fake_clock)
-        gpus[1].xgmi_status = AmdSmiXgmiStatus.NO_ERRORS  # reset (amd-smi reset --xgmi-err)
+        gpus[1].xgmi_status = 0  # reset (amd-smi reset --xgmi-err)
         await next_poll(sink, fake_clock)
     raised, cleared = sink.of("xgmi-errors")
     assert (raised.device, raised.severity, raised.kind) == ("gpu-2-129", Severity.INFO, ConditionKind.STATE)
@@ -191,13 +191,13 @@ async def test_an_unsupported_check_is_skipped_with_one_log_line(
     async with monitoring(make_backend, gpus) as (_, fake, sink):
         for _ in range(5):
             await next_poll(sink, fake_clock)
-        gpus[0].bad_pages = [bad_page(0x1000, AmdSmiMemoryPageStatus.PENDING)]  # the rest still works
+        gpus[0].bad_pages = [bad_page(0x1000, PAGE_PENDING)]  # the rest still works
         await next_poll(sink, fake_clock)
     skipped = [r for r in caplog.records if r.getMessage() == SKIP_LOG]
     checks = sorted(r.__dict__["fields"]["check"] for r in skipped)
     assert checks == ["bad-page-threshold", "cper", "pcie-replay-rate", "xgmi-errors"]
-    assert fake.calls["amdsmi_gpu_xgmi_error_status"] == 1
-    assert fake.calls["amdsmi_get_gpu_bad_page_threshold"] == 1
+    assert fake.calls("amdsmi_gpu_xgmi_error_status") == 1
+    assert fake.calls("amdsmi_get_gpu_bad_page_threshold") == 1
     assert all(failed == [] and devices == {"gpu-1-128"} for devices, failed in sink.passes)
     (pending,) = sink.of("bad-pages")
     assert pending.severity is Severity.WARNING
@@ -209,7 +209,7 @@ async def test_a_lost_status_from_one_check_while_the_gpu_answers_skips_that_che
     backend, fake = make_backend(mi210(1), settings=dict(SETTINGS))
 
     def missing_file(handle: Any) -> list[dict[str, Any]]:
-        raise AmdSmiLibraryException(AMDSMI_STATUS_FILE_ERROR)  # no RAS EEPROM table on this board
+        raise AmdSmiLibraryException(STATUS_FILE_ERROR)  # no RAS EEPROM table on this board
 
     monkeypatch.setattr(fake, "amdsmi_get_gpu_bad_page_info", missing_file)
     await backend.start()
@@ -228,7 +228,7 @@ async def test_a_lost_status_from_one_check_while_the_gpu_answers_skips_that_che
 async def test_a_hung_check_fails_the_check_not_the_gpu(
     monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock, wedge: threading.Event
 ) -> None:
-    fake = FakeAmdSmi(mi210(2))
+    fake = StandIn(mi210(2))
     monkeypatch.setitem(sys.modules, "amdsmi", fake)
     backend = AmdBackend(BackendOptions("node-1", None, dict(SETTINGS)), clock=fake_clock, call_timeout=0.2)
     await backend.start()
@@ -276,7 +276,7 @@ async def test_a_lost_status_met_by_telemetry_is_reported_by_the_next_pass(
         False,
     )
     assert lost.message.startswith("GPU stopped answering: telemetry: amdsmi_get_gpu_activity")
-    assert "AMDSMI_STATUS_NOT_FOUND" in lost.message
+    assert "STATUS_NOT_FOUND" in lost.message
     assert (back.device, back.cleared) == ("gpu-2-129", True)
 
 
@@ -286,7 +286,7 @@ async def test_one_failing_sensor_is_not_a_lost_gpu(
     async with monitoring(make_backend, mi210(1)) as (backend, fake, sink):
 
         def no_hwmon(handle: Any) -> dict[str, Any]:
-            raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_FOUND)
+            raise AmdSmiLibraryException(STATUS_NOT_FOUND)
 
         monkeypatch.setattr(fake, "amdsmi_get_power_info", no_hwmon)
         (reading,) = await backend.telemetry()
@@ -310,7 +310,7 @@ async def test_rediscovery_keeps_a_lost_gpu_published(
         await next_poll(sink, fake_clock)
 
         def unloaded() -> list[Any]:
-            raise AmdSmiLibraryException(AMDSMI_STATUS_DRIVER_NOT_LOADED)
+            raise AmdSmiLibraryException(STATUS_DRIVER_NOT_LOADED)
 
         fake.amdsmi_get_processor_handles = unloaded  # type: ignore[method-assign]
         assert {d.name for d in await backend.discover()} == names(1, 16)  # the driver went away
@@ -326,11 +326,11 @@ async def test_telemetry_reuses_the_passs_ecc_reads(make_backend: MakeBackend) -
     gpus[0].ecc_correctable = {"UMC": 7, "SDMA": 2}
     gpus[0].ecc_uncorrectable = {"GFX": 1}
     async with monitoring(make_backend, gpus) as (backend, fake, _):
-        reads = fake.calls["amdsmi_get_gpu_ecc_count"]
+        reads = fake.calls("amdsmi_get_gpu_ecc_count")
         readings = await backend.telemetry()
         await backend.telemetry()
-        assert fake.calls["amdsmi_get_gpu_ecc_count"] == reads  # telemetry read no counter again
-        assert fake.calls.get("amdsmi_get_gpu_total_ecc_count", 0) == 0
+        assert fake.calls("amdsmi_get_gpu_ecc_count") == reads  # telemetry read no counter again
+        assert fake.calls("amdsmi_get_gpu_total_ecc_count") == 0
         library_totals = fake.amdsmi_get_gpu_total_ecc_count(fake.handle(0))
     assert len(readings) == 8
     # The GPU's counts, on each of its partitions (ECC is per physical GPU), as the library sums them.

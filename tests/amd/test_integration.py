@@ -25,7 +25,7 @@ from agent.health.taints import ClusterTaintSupport, TaintPolicy
 from agent.health.tracker import HealthTracker
 from agent.kube.pool import build_pool
 from tests.amd.conftest import MakeBackend
-from tests.fakes.fake_amdsmi import AMDSMI_STATUS_DRIVER_NOT_LOADED, FakeAmdSmi, mi300x
+from tests.fakes.amd_standin import STATUS_DRIVER_NOT_LOADED, StandIn, mi300x
 from tests.support.clock import FakeClock
 
 SEED_SELECTOR = (
@@ -107,7 +107,7 @@ async def test_mixed_node_publishes_both_drivers_and_amd_fault_taints_amd_only(
     import agent.app
     from agent.core.backend import load_backend_factory
 
-    fake = FakeAmdSmi(mi300x("cpx_nps4", count=1))
+    fake = StandIn(mi300x("cpx_nps4", count=1))
     monkeypatch.setitem(sys.modules, "amdsmi", fake)
 
     def factory(name: str) -> object:
@@ -168,7 +168,7 @@ async def test_mixed_node_publishes_both_drivers_and_amd_fault_taints_amd_only(
 
 
 def test_cli_devices_backend_amd(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi(mi300x("cpx_nps4", count=1)))
+    monkeypatch.setitem(sys.modules, "amdsmi", StandIn(mi300x("cpx_nps4", count=1)))
     assert main(["devices", "--backend", "amd:sysfs-root=/dev/null", "-o", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in rows] == [f"gpu-{1 + i}-{128 + i}" for i in range(8)]
@@ -178,7 +178,7 @@ def test_cli_devices_backend_amd(monkeypatch: pytest.MonkeyPatch, capsys: pytest
 
 
 def test_cli_devices_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi(mi300x(count=1)))
+    monkeypatch.setitem(sys.modules, "amdsmi", StandIn(mi300x(count=1)))
     assert main(["devices", "--backend", "amd:sysfs-root=/dev/null"]) == 0
     out = capsys.readouterr().out
     assert "gpu-1-128" in out and "AMD_Instinct_MI300X_OAM" in out and "196592Mi" in out and "amdgpu" in out
@@ -187,7 +187,7 @@ def test_cli_devices_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
 def test_cli_devices_driver_not_loaded(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi([], init_error=AMDSMI_STATUS_DRIVER_NOT_LOADED))
+    monkeypatch.setitem(sys.modules, "amdsmi", StandIn([], init_status=STATUS_DRIVER_NOT_LOADED))
     assert main(["devices", "--backend", "amd"]) == 1
     assert "modprobe amdgpu" in capsys.readouterr().err
 
