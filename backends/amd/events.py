@@ -197,7 +197,7 @@ class EventWatcher:
                     failures += 1
                     if failures < FAILED_READS:  # e.g. the stale errno of a first read
                         log.debug("GPU event read failed", extra=log_fields(error=describe(error)))
-                        await self._clock.sleep(timeout / 1000)
+                        await anyio.lowlevel.checkpoint()
                         continue
                     await self._set_unmonitored(sink, describe(error))
                     await self._clock.sleep(self._poll_interval)

@@ -29,10 +29,9 @@ from backends.amd.trends import RateWindow
 from tests.amd.conftest import MakeBackend
 from tests.amd.test_health import SETTINGS, Sink, eventually, monitoring, next_poll
 from tests.fakes.amd_standin import (
+    PAGE_PENDING,
     STATUS_DRIVER_NOT_LOADED,
     STATUS_FILE_ERROR,
-    PAGE_PENDING,
-    PAGE_RESERVED,
     STATUS_NOT_FOUND,
     AmdSmiLibraryException,
     StandIn,
@@ -113,7 +112,7 @@ async def test_bad_pages_pending_then_threshold_then_cleared(
         gpus[0].bad_pages = [
             bad_page(0x1000),
             bad_page(0x2000),
-            bad_page(0x3000, AmdSmiMemoryPageStatus.UNRESERVABLE),
+            bad_page(0x3000, PAGE_UNRESERVABLE),
         ]
         await next_poll(sink, fake_clock)
         assert len(sink.of("bad-pages")) == 16

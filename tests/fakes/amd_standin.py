@@ -252,7 +252,8 @@ class StandIn:
     def set_behaviour(self, **behaviour: object) -> None:
         """Library-wide behaviours: ``cper_empty_file_error`` (7.0.x, default True),
         ``uuid_per_partition`` (newer amdsmi, default False), ``init_status``, ``events_status``,
-        ``first_read_status`` (a stale status of the first event read), ``lib_version``
+        ``first_read_status`` (a stale status of the first event read), ``read_status`` (every
+        read), ``lib_version``
         ("26.0.2"), ``hang`` (a function that blocks until `release`)."""
         for key, value in behaviour.items():
             text = str(int(value)) if isinstance(value, bool) else str(value)

@@ -106,7 +106,7 @@ static int nevents;
 /* Behaviours (command "global"): */
 static int cper_empty_file_error = 1; /* 7.0.x: FILE_ERROR on an empty ring; 0: fixed versions */
 static int uuid_per_partition = 0;     /* 7.0.x: fcn = 0xff for every partition; 1: newer */
-static uint32_t init_status = 0, events_status = 0, first_read_status = 0;
+static uint32_t init_status = 0, events_status = 0, first_read_status = 0, read_status = 0;
 static int first_read_pending = 0;
 static uint32_t lib_major = 26, lib_minor = 0, lib_release = 2;
 static char hang_function[80];
@@ -761,6 +761,7 @@ uint32_t amdsmi_get_gpu_event_notification(int timeout_ms, uint32_t *num_elem, e
     pthread_mutex_lock(&lock);
     count_call("amdsmi_get_gpu_event_notification");
     if (!initialized) END(ST_NOT_INIT);
+    if (read_status) END(read_status);
     if (first_read_pending && first_read_status && nevents == 0) {
         first_read_pending = 0;
         END(first_read_status);
@@ -840,6 +841,7 @@ static void set_global(const char *key, const char *v) {
     else if (!strcmp(key, "init_status")) init_status = (uint32_t)strtoul(v, NULL, 0);
     else if (!strcmp(key, "events_status")) events_status = (uint32_t)strtoul(v, NULL, 0);
     else if (!strcmp(key, "first_read_status")) first_read_status = (uint32_t)strtoul(v, NULL, 0);
+    else if (!strcmp(key, "read_status")) read_status = (uint32_t)strtoul(v, NULL, 0);
     else if (!strcmp(key, "lib_version"))
         sscanf(v, "%u.%u.%u", &lib_major, &lib_minor, &lib_release);
     else if (!strcmp(key, "hang")) { snprintf(hang_function, sizeof hang_function, "%s", v); hang_released = 0; }
@@ -854,7 +856,7 @@ static void reset_all(void) {
     ncounters = 0;
     cper_empty_file_error = 1;
     uuid_per_partition = 0;
-    init_status = events_status = first_read_status = 0;
+    init_status = events_status = first_read_status = read_status = 0;
     lib_major = 26; lib_minor = 0; lib_release = 2;
     hang_released = 1;
 }
