@@ -33,6 +33,7 @@ from agent.core.logs import log_fields
 from backends.amd.smi import (
     LOST_STATUSES,
     STATUS_FILE_ERROR,
+    STATUS_INVAL,
     STATUS_NOT_SUPPORTED,
     UNAVAILABLE_STATUSES,
     describe,
@@ -176,13 +177,18 @@ def _sorted(name: str, error: BaseException) -> CheckError:
 
 
 def probe(smi: Any, handle: Any) -> str:
-    """Why the GPU is gone, or "" when it answers (any answer but a lost status is an answer)."""
+    """Why the GPU is gone, or "" when it answers (any answer but a lost status is an answer).
+
+    The VRAM usage goes through the DRM ioctl: DRM_ERROR when the GPU is gone. INVAL means amdsmi
+    no longer holds the handle (re-initialised without this GPU): gone too.
+    """
     try:
         _ask(smi, "amdsmi_get_gpu_vram_usage", handle)
     except GpuGoneError as gone:
         return str(gone)
-    except CheckError:
-        pass
+    except CheckError as error:
+        if isinstance(error.__cause__, smi.AmdSmiException) and error_code(error.__cause__) == STATUS_INVAL:
+            return f"amdsmi no longer lists this GPU ({error})"
     return ""
 
 

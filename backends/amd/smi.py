@@ -26,6 +26,7 @@ log = logging.getLogger("agent.backends.amd")
 T = TypeVar("T")
 
 # amdsmi_status_t values (amdsmi_wrapper.AMDSMI_STATUS_*); stable across ROCm 6 and 7.
+STATUS_INVAL = 1
 STATUS_NOT_SUPPORTED = 2
 STATUS_NOT_YET_IMPLEMENTED = 3
 STATUS_FAIL_LOAD_MODULE = 4

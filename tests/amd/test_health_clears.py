@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import anyio
 import pytest
@@ -75,19 +73,13 @@ def wedge() -> Iterator[threading.Event]:
 
 
 async def test_hung_telemetry_holds_up_neither_health_nor_stop(
-    monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock, wedge: threading.Event
+    standin: StandIn, fake_clock: FakeClock
 ) -> None:
-    fake = StandIn(mi210(1))
-    monkeypatch.setitem(sys.modules, "amdsmi", fake)
+    fake = standin.configure(mi210(1))
     backend = AmdBackend(BackendOptions("node-1", None, dict(SETTINGS)), clock=fake_clock, call_timeout=0.2)
     await backend.start()
     await backend.discover()
-
-    def hung(handle: Any) -> dict[str, Any]:
-        wedge.wait()
-        return {}
-
-    monkeypatch.setattr(fake, "amdsmi_get_gpu_activity", hung)
+    fake.set_behaviour(hang="amdsmi_get_gpu_activity")  # a wedged driver: the call never returns
     with pytest.raises(VendorCallTimeoutError, match="read_telemetry did not return"):
         await backend.telemetry()
     sink = Sink()
@@ -107,7 +99,7 @@ async def test_hung_shutdown_is_left_behind(
 ) -> None:
     backend, fake = make_backend(mi210(1), settings=dict(SETTINGS))
     await backend.start()
-    fake.amdsmi_shut_down = wedge.wait  # type: ignore[assignment]
+    fake.set_behaviour(hang="amdsmi_shut_down")
     with anyio.fail_after(5):
         await backend.stop()
     assert "amdsmi shutdown did not finish" in caplog.text

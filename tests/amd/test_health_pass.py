@@ -4,7 +4,6 @@ lost statuses met outside the pass, ECC reads shared with telemetry, and its set
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -30,8 +29,8 @@ from tests.amd.conftest import MakeBackend
 from tests.amd.test_health import SETTINGS, Sink, eventually, monitoring, next_poll
 from tests.fakes.amd_standin import (
     PAGE_PENDING,
+    PAGE_UNRESERVABLE,
     STATUS_DRIVER_NOT_LOADED,
-    STATUS_FILE_ERROR,
     STATUS_NOT_FOUND,
     AmdSmiLibraryException,
     StandIn,
@@ -185,8 +184,8 @@ async def test_an_unsupported_check_is_skipped_with_one_log_line(
 ) -> None:
     caplog.set_level(logging.INFO, "agent.backends.amd")
     gpus = mi210(1)  # no XGMI, no CPER
-    gpus[0].bad_page_threshold = "N/A"  # what amdsmi answers without root
-    gpus[0].pcie_replay_count = "N/A"
+    gpus[0].bad_page_threshold = None  # without root amdsmi answers NOT_SUPPORTED
+    gpus[0].pcie_replay_count = None  # UINT64_MAX: the binding gives "N/A"
     async with monitoring(make_backend, gpus) as (_, fake, sink):
         for _ in range(5):
             await next_poll(sink, fake_clock)
@@ -205,12 +204,9 @@ async def test_an_unsupported_check_is_skipped_with_one_log_line(
 async def test_a_lost_status_from_one_check_while_the_gpu_answers_skips_that_check(
     make_backend: MakeBackend, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    backend, fake = make_backend(mi210(1), settings=dict(SETTINGS))
-
-    def missing_file(handle: Any) -> list[dict[str, Any]]:
-        raise AmdSmiLibraryException(STATUS_FILE_ERROR)  # no RAS EEPROM table on this board
-
-    monkeypatch.setattr(fake, "amdsmi_get_gpu_bad_page_info", missing_file)
+    gpus = mi210(1)
+    gpus[0].fail = {"amdsmi_get_gpu_bad_page_info": STATUS_NOT_FOUND}  # no RAS EEPROM table here
+    backend, _ = make_backend(gpus, settings=dict(SETTINGS))
     await backend.start()
     await backend.discover()
     sink = Sink()
@@ -224,21 +220,12 @@ async def test_a_lost_status_from_one_check_while_the_gpu_answers_skips_that_che
     assert all(devices == {"gpu-1-128"} for devices, _ in sink.passes)
 
 
-async def test_a_hung_check_fails_the_check_not_the_gpu(
-    monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock, wedge: threading.Event
-) -> None:
-    fake = StandIn(mi210(2))
-    monkeypatch.setitem(sys.modules, "amdsmi", fake)
+async def test_a_hung_check_fails_the_check_not_the_gpu(standin: StandIn, fake_clock: FakeClock) -> None:
+    fake = standin.configure(mi210(2))
     backend = AmdBackend(BackendOptions("node-1", None, dict(SETTINGS)), clock=fake_clock, call_timeout=0.2)
     await backend.start()
     await backend.discover()
-    original = fake.amdsmi_get_gpu_bad_page_info
-
-    def hung(handle: Any) -> list[dict[str, Any]]:
-        wedge.wait()
-        return original(handle)
-
-    monkeypatch.setattr(fake, "amdsmi_get_gpu_bad_page_info", hung)
+    fake.set_behaviour(hang="amdsmi_get_gpu_bad_page_info")
     sink = Sink()
     async with anyio.create_task_group() as tg:
         tg.start_soon(backend.monitor_health, sink)
@@ -247,8 +234,7 @@ async def test_a_hung_check_fails_the_check_not_the_gpu(
         assert sink.passes[0] == (set(), ["bad-pages"])
         await next_poll(sink, fake_clock)  # the lane is still held: the same check is named
         assert sink.passes[1] == (set(), ["bad-pages"])
-        monkeypatch.setattr(fake, "amdsmi_get_gpu_bad_page_info", original)
-        wedge.set()  # the call returns, and the lane is free again
+        fake.release()  # the call returns, and the lane is free again
         await next_poll(sink, fake_clock)
         tg.cancel_scope.cancel()
     await backend.stop()
@@ -262,7 +248,7 @@ async def test_a_lost_status_met_by_telemetry_is_reported_by_the_next_pass(
     gpus = mi210(2)
     async with monitoring(make_backend, gpus) as (backend, _, sink):
         gpus[1].lost = True
-        await backend.telemetry()  # every call answers NOT_FOUND
+        await backend.telemetry()  # DRM calls answer DRM_ERROR, sysfs reads an unknown error
         gpus[1].lost = False  # back before the pass looks (a reset): the loss is not silent
         await next_poll(sink, fake_clock)
         assert [d.name for d in await backend.discover()] == ["gpu-1-128", "gpu-2-129"]
@@ -274,20 +260,15 @@ async def test_a_lost_status_met_by_telemetry_is_reported_by_the_next_pass(
         ConditionKind.STATE,
         False,
     )
-    assert lost.message.startswith("GPU stopped answering: telemetry: amdsmi_get_gpu_activity")
-    assert "STATUS_NOT_FOUND" in lost.message
+    assert lost.message.startswith("GPU stopped answering: telemetry: amdsmi_get_gpu_vram_usage")
+    assert "STATUS_DRM_ERROR" in lost.message
     assert (back.device, back.cleared) == ("gpu-2-129", True)
 
 
-async def test_one_failing_sensor_is_not_a_lost_gpu(
-    make_backend: MakeBackend, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async with monitoring(make_backend, mi210(1)) as (backend, fake, sink):
-
-        def no_hwmon(handle: Any) -> dict[str, Any]:
-            raise AmdSmiLibraryException(STATUS_NOT_FOUND)
-
-        monkeypatch.setattr(fake, "amdsmi_get_power_info", no_hwmon)
+async def test_one_failing_sensor_is_not_a_lost_gpu(make_backend: MakeBackend, fake_clock: FakeClock) -> None:
+    gpus = mi210(1)
+    async with monitoring(make_backend, gpus) as (backend, _, sink):
+        gpus[0].fail = {"amdsmi_get_power_info": STATUS_NOT_FOUND}  # no hwmon
         (reading,) = await backend.telemetry()
         assert reading.power_watts is None and reading.memory_total_bytes is not None
         await next_poll(sink, fake_clock)
@@ -311,13 +292,14 @@ async def test_rediscovery_keeps_a_lost_gpu_published(
         def unloaded() -> list[Any]:
             raise AmdSmiLibraryException(STATUS_DRIVER_NOT_LOADED)
 
-        fake.amdsmi_get_processor_handles = unloaded  # type: ignore[method-assign]
-        assert {d.name for d in await backend.discover()} == names(1, 16)  # the driver went away
-        await next_poll(sink, fake_clock)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fake.module, "amdsmi_get_processor_handles", unloaded)
+            assert {d.name for d in await backend.discover()} == names(1, 16)  # the driver went away
+            await next_poll(sink, fake_clock)
     lost = sink.of(GPU_LOST)
     assert {e.device for e in lost} == names(1, 16)
     assert {e.device for e in lost[:8]} == names(9, 8)  # the second GPU first, then the first
-    assert "rediscovery" in lost[-1].message and "DRIVER_NOT_LOADED" in lost[-1].message
+    assert "amdsmi no longer lists this GPU" in lost[-1].message  # its handle is from before the re-init
 
 
 async def test_telemetry_reuses_the_passs_ecc_reads(make_backend: MakeBackend) -> None:
@@ -330,7 +312,7 @@ async def test_telemetry_reuses_the_passs_ecc_reads(make_backend: MakeBackend) -
         await backend.telemetry()
         assert fake.calls("amdsmi_get_gpu_ecc_count") == reads  # telemetry read no counter again
         assert fake.calls("amdsmi_get_gpu_total_ecc_count") == 0
-        library_totals = fake.amdsmi_get_gpu_total_ecc_count(fake.handle(0))
+        library_totals = fake.module.amdsmi_get_gpu_total_ecc_count(fake.handle(0))
     assert len(readings) == 8
     # The GPU's counts, on each of its partitions (ECC is per physical GPU), as the library sums them.
     assert {(r.ecc_corrected_total, r.ecc_uncorrected_total) for r in readings} == {(9, 1)}

@@ -83,18 +83,18 @@ def build(variant: str = "full") -> Path:
         if name not in implemented and name not in without
     )
     stubs = root / "stubs.c"
-    if lib.exists() and stubs.exists() and stubs.read_text() == stubs_text:
-        if lib.stat().st_mtime >= SOURCE.stat().st_mtime:
-            return root
+    fresh = lib.exists() and stubs.exists() and lib.stat().st_mtime >= SOURCE.stat().st_mtime
+    if fresh and stubs.read_text() == stubs_text:
+        return root
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise StandInUnavailableError("no C compiler (cc): 'make test' installs one, or apt-get install gcc")
     lib.parent.mkdir(parents=True, exist_ok=True)
     stubs.write_text(stubs_text)
     partial = lib.with_suffix(f".{os.getpid()}.tmp")
+    flags = ["-shared", "-fPIC", "-O1", "-Wall", "-pthread", *VARIANTS[variant]]
     subprocess.run(
-        [compiler, "-shared", "-fPIC", "-O1", "-Wall", "-pthread", *VARIANTS[variant], "-o", str(partial)]
-        + [str(SOURCE), str(stubs)],
+        [compiler, *flags, "-o", str(partial), str(SOURCE), str(stubs)],
         check=True,
         capture_output=True,
     )

@@ -218,6 +218,7 @@ uint32_t amdsmi_init(uint64_t flags) {
 uint32_t amdsmi_shut_down(void) {
     pthread_mutex_lock(&lock);
     count_call("amdsmi_shut_down");
+    maybe_hang("amdsmi_shut_down");
     if (!initialized) END(ST_NOT_INIT);
     initialized = 0;
     for (int i = 0; i < nprocs; i++) { procs[i].event_mask = 0; procs[i].events_open = 0; }
