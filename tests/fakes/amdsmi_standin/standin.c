@@ -960,11 +960,12 @@ out:
 
 /* ---- test controls ----------------------------------------------------------------------- */
 
+/* Calls of `name` so far ("*": of every function). */
 uint64_t standin_calls(const char *name) {
     uint64_t n = 0;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < ncounters; i++)
-        if (!strcmp(counters[i].name, name)) n = counters[i].count;
+        if (!strcmp(name, "*") || !strcmp(counters[i].name, name)) n += counters[i].count;
     pthread_mutex_unlock(&lock);
     return n;
 }
