@@ -80,7 +80,7 @@ async def _latency(standin: StandIn, what: str) -> tuple[float, float]:
         tracker = HealthTracker(inventory, SystemClock(), hold_seconds=60)
         async with anyio.create_task_group() as tg:
             tg.start_soon(backend.monitor_health, tracker.handle)
-            while standin.event_mask(7) == 0:  # readers open (noqa: ASYNC110 in a benchmark)
+            while standin.event_mask(7) == 0:  # noqa: ASYNC110 (the readers open in a worker thread)
                 await anyio.sleep(0.01)
             await anyio.sleep(0.3)  # mid-interval: the fault lands between passes
             start = time.perf_counter()
