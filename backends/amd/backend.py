@@ -93,10 +93,6 @@ def settings_from(options: BackendOptions) -> tuple[HealthSettings, str, str]:
     return health, settings.get("sysfs-root", "/sys"), settings.get("dev-root", "/dev")
 
 
-def _identity(discovery: Discovery) -> set[tuple[str, int]]:
-    return {(name, handle_key(entry.handle)) for name, entry in discovery.entries.items()}
-
-
 class AmdBackend:
     """Serves one DRA driver name (``gpu.amd.com`` by default) from what amdsmi sees."""
 
@@ -228,7 +224,8 @@ class AmdBackend:
             )
         self._discovery = self._keep_lost(previous, scan)
         self._discovered = True
-        if self._devices_changed is not None and _identity(previous) != _identity(self._discovery):
+        # After a re-initialisation every handle the monitor holds is stale: it restarts on the new.
+        if self._devices_changed is not None and again:
             self._devices_changed.set()
         if not self._discovery.devices and not self._logged_empty:
             self._logged_empty = True
@@ -296,8 +293,8 @@ class AmdBackend:
         if not self._discovered:
             await self.discover()
         while True:
-            # Rediscovery may find other GPUs or partitions (a mode change, a GPU back from
-            # loss): watch the new set from then on.
+            # Each rediscovery re-initialises amdsmi (new handles) and may find other GPUs or
+            # partitions (a mode change, a GPU back from loss): watch the new set from then on.
             changed = self._devices_changed = anyio.Event()
             entries = list(self._discovery.entries.values())
             monitor = HealthMonitor(

@@ -37,10 +37,9 @@ stopped only once the read in flight has returned.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,10 +182,6 @@ class _Outcome:
     hung: bool = False
 
 
-def _read_gpu(handle: Any, plan: ReadPlan, progress: Progress, smi: Any) -> GpuReading:
-    return read_gpu(smi, handle, plan, progress)
-
-
 class HealthMonitor:
     """Watches the published devices until cancelled and reports `HealthEvent`s."""
 
@@ -206,6 +201,7 @@ class HealthMonitor:
         for entry in entries:
             self._groups.setdefault(entry.gpu_key, []).append(entry)
         self._memory = memory or HealthMemory()
+        self._generation = lib.generation
         self._state = {key: self._memory.gpus.setdefault(key, _GpuState()) for key in self._groups}
         self._events = EventWatcher(
             lib,
@@ -270,12 +266,16 @@ class HealthMonitor:
         progress = Progress()
         try:
             reading = await self._lib.run_health(
-                functools.partial(_read_gpu, entries[0].primary, plan, progress), "health_pass"
+                self._reader(entries[0].primary, plan, progress), "health_pass"
             )
         except VendorCallTimeoutError as error:
             if suspect:
                 self._memory.suspects.setdefault(key, suspect)
             return _Outcome(looked=False, failed=self._hung_checks(key, progress, error), hung=True)
+        if reading is None:
+            if suspect:
+                self._memory.suspects.setdefault(key, suspect)
+            return _Outcome(looked=False)
         if suspect and not reading.lost:
             # Telemetry or rediscovery met a lost status since the last pass: not a silent loss.
             reading = GpuReading(lost=suspect, cper_cursor=reading.cper_cursor)
@@ -308,6 +308,18 @@ class HealthMonitor:
                 names, state, XGMI_ERRORS, f"the XGMI link reports {status}" if status else "", sink
             )
         return _Outcome(looked=not failed, failed=failed)
+
+    def _reader(self, handle: Any, plan: ReadPlan, progress: Progress) -> Callable[[Any], GpuReading | None]:
+        """The pass's blocking read of one GPU; it answers None when amdsmi was re-initialised since
+        this monitor started (its handles are no longer amdsmi's: the monitor is being replaced)."""
+        lib, generation = self._lib, self._generation
+
+        def read(smi: Any) -> GpuReading | None:
+            if lib.generation != generation:
+                return None
+            return read_gpu(smi, handle, plan, progress)
+
+        return read
 
     def _hung_checks(self, key: str, progress: Progress, error: VendorCallTimeoutError) -> tuple[str, ...]:
         """The checks to report failed for a pass call that did not return (or could not start)."""

@@ -149,6 +149,8 @@ class SmiLibrary:
         self._health = VendorLane(call_timeout)
         self._events = VendorLane(call_timeout)
         self._gate = _Gate()
+        self.generation = 0
+        """How many times `reinit` re-initialised amdsmi (every handle from before is stale)."""
 
     def _shared(self, work: Callable[[Any], T], what: str) -> Callable[[Any], T]:
         """`work`, named `what` for the vendor-call thread and errors, run while no re-init runs."""
@@ -189,6 +191,7 @@ class SmiLibrary:
         def alone(module: Any) -> T:
             gate.enter_alone(bound)
             try:
+                self.generation += 1  # before the work: a failed re-init leaves stale handles too
                 return work(module)
             finally:
                 gate.leave_alone()
