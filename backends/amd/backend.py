@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -205,7 +206,9 @@ class AmdBackend:
         def read(smi: Any) -> ProcessorScan:
             try:
                 if again:
-                    smi.amdsmi_shut_down()
+                    # NOT_INIT when the last re-init failed (the driver was away): init again anyway.
+                    with contextlib.suppress(smi.AmdSmiException):
+                        smi.amdsmi_shut_down()
                     smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
                 return scan_processors(smi, sysfs)
             except smi.AmdSmiException as error:

@@ -13,10 +13,11 @@ import time
 
 import pytest
 
+from agent.core.errors import BackendError
 from agent.core.model import Device
 from tests.amd.conftest import MakeBackend
 from tests.amd.test_health import SETTINGS, monitoring, next_poll
-from tests.fakes.amd_standin import cper_record, mi300x
+from tests.fakes.amd_standin import STATUS_DRIVER_NOT_LOADED, cper_record, mi300x
 from tests.support.clock import FakeClock
 
 
@@ -126,3 +127,17 @@ async def test_an_unknown_status_fails_that_check_only(
     devices, failed = sink.passes[-1]
     assert failed == ["bad-pages"] and devices == {"gpu-1-128"}
     assert sink.of("gpu-lost") == []
+
+
+async def test_a_failed_reinitialisation_is_retried_at_the_next_rediscovery(
+    make_backend: MakeBackend,
+) -> None:
+    backend, fake = make_backend(mi300x(count=1))
+    await backend.start()
+    await backend.discover()
+    fake.set_behaviour(init_status=STATUS_DRIVER_NOT_LOADED)  # amdgpu unloaded under the agent
+    with pytest.raises(BackendError, match="DRIVER_NOT_LOADED"):
+        await backend.discover()
+    fake.set_behaviour(init_status=0)
+    assert [d.name for d in await backend.discover()] == ["gpu-1-128"]
+    await backend.stop()
