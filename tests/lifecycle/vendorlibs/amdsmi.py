@@ -12,17 +12,17 @@ import tempfile
 
 _here = os.path.dirname(os.path.abspath(__file__))
 _count = int(os.environ.get("DRA_TEST_AMD_GPUS", "0"))
-if _count:
-    from tests.fakes.amd_standin import environment, mi300x
-
-    os.environ.update(environment(mi300x("spx_nps1", count=_count)))
-else:
-    os.environ["ROCM_PATH"] = tempfile.mkdtemp(prefix="no-rocm-")
-
 _path = list(sys.path)
+# The real package, not this module, from here on (the stand-in's build reads its wrapper).
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 del sys.modules[__name__]
 try:
+    if _count:
+        from tests.fakes.amd_standin import environment, mi300x
+
+        os.environ.update(environment(mi300x("spx_nps1", count=_count)))
+    else:
+        os.environ["ROCM_PATH"] = tempfile.mkdtemp(prefix="no-rocm-")
     import amdsmi as _real
 finally:
     sys.path[:] = _path
