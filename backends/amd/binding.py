@@ -32,9 +32,10 @@ DEFAULT_ROCM = "/opt/rocm"
 HOST_BINDING = Path("share") / "amd_smi"
 """Where a ROCm installation keeps its amdsmi Python package (relative to the ROCm directory)."""
 
-# libamd_smi's major version per ROCm release of the binding (AMD's CHANGELOG.md and SONAME:
-# libamd_smi.so.24 in ROCm 6.2-6.3, .25 in 6.4, .26 in 7.x).
-LIB_MAJOR_BY_ROCM = {(6, 2): 24, (6, 3): 24, (6, 4): 25, (7, 0): 26, (7, 1): 26, (7, 2): 26}
+# libamd_smi's major version per ROCm release of the binding (ROCm's compatibility matrix: AMD SMI
+# 26.0.2 in ROCm 7.0.2, 26.4 in 7.13, 26.5 in 7.14; 25.x in 6.4, 24.x in 6.2-6.3). Keys are
+# (major, minor) or (major,) for a whole ROCm major.
+LIB_MAJOR_BY_ROCM: dict[tuple[int, ...], int] = {(6, 2): 24, (6, 3): 24, (6, 4): 25, (7,): 26}
 
 # What the backend cannot work without; an amdsmi without these is too old (ROCm < 6.2).
 REQUIRED_NAMES = (
@@ -192,7 +193,7 @@ def check_pair(module: Any) -> str:
         log.warning("libamd_smi version unreadable", extra=log_fields(error=str(error)))
         return "unknown"
     release = _release(binding)
-    expected = LIB_MAJOR_BY_ROCM.get(release) if release else None
+    expected = (LIB_MAJOR_BY_ROCM.get(release) or LIB_MAJOR_BY_ROCM.get(release[:1])) if release else None
     if expected is not None and expected != lib_major:
         raise BindingMismatchError(
             f"amd backend: libamd_smi {lib_version} (under {rocm_dir()}/lib) does not match the amdsmi "

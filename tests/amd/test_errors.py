@@ -198,3 +198,22 @@ def test_the_real_binding_over_the_standin_has_what_the_backend_needs(standin: S
     with pytest.raises(AmdSmiLibraryException) as info:
         smi.amdsmi_get_processor_handles()  # before amdsmi_init
     assert "STATUS_NOT_INIT" in str(info.value)
+
+
+def test_the_host_rocms_binding_is_preferred(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As AMD's amd-smi: the binding under the host's ROCm (share/amd_smi), else the image's."""
+    host = tmp_path / "share" / "amd_smi"
+    (host / "amdsmi").mkdir(parents=True)
+    (host / "amdsmi" / "__init__.py").write_text("")
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path))
+    seen: list[str] = []
+
+    def import_module(name: str) -> Any:
+        seen.append(sys.path[0])
+        return types.ModuleType(name)
+
+    import_amdsmi(import_module)
+    assert seen == [str(host)] and str(host) not in sys.path
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "elsewhere"))
+    import_amdsmi(import_module)
+    assert seen[-1] != str(host)
