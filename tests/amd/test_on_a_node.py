@@ -16,7 +16,7 @@ import pytest
 from agent.core.errors import BackendError
 from agent.core.model import Device
 from tests.amd.conftest import MakeBackend
-from tests.amd.test_health import SETTINGS, monitoring, next_poll
+from tests.amd.test_health import SETTINGS, monitoring, next_poll, one_pass
 from tests.fakes.amd_standin import STATUS_DRIVER_NOT_LOADED, cper_record, mi300x
 from tests.support.clock import FakeClock
 
@@ -141,3 +141,53 @@ async def test_a_failed_reinitialisation_is_retried_at_the_next_rediscovery(
     fake.set_behaviour(init_status=0)
     assert [d.name for d in await backend.discover()] == ["gpu-1-128"]
     await backend.stop()
+
+
+async def test_a_bdf_that_does_not_parse_skips_that_gpu(
+    make_backend: MakeBackend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """7.0.2's `_format_bdf` always formats a valid address; a binding that does not would answer
+    garbage here: that GPU is skipped with one line naming it (the binding's call is wrapped, the
+    library below is the stand-in's)."""
+    caplog.set_level(logging.WARNING, "agent.backends.amd")
+    backend, fake = make_backend(mi300x(count=2))
+    real = fake.module.amdsmi_get_gpu_device_bdf
+
+    def bdf(handle: object) -> str:
+        text = str(real(handle))
+        return "0000:26:00.0-garbage" if text.startswith("0000:26") else text
+
+    monkeypatch.setattr(fake.module, "amdsmi_get_gpu_device_bdf", bdf)
+    await backend.start()
+    devices = await backend.discover()
+    await backend.stop()
+    assert [d.name for d in devices] == ["gpu-1-128"]
+    (line,) = [r for r in caplog.records if "bad value" in r.getMessage()]
+    assert "0000:26:00.0-garbage" in str(line.__dict__["fields"]["error"])
+
+
+async def test_a_negative_ecc_count_is_skipped_with_one_line(
+    make_backend: MakeBackend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The C counts are unsigned, so only a binding could answer a negative one: that count is
+    skipped (one line naming it), the block's other count and the rest of the pass go on."""
+    caplog.set_level(logging.WARNING, "agent.backends.amd")
+    gpus = mi300x(count=1)
+    gpus[0].ecc_uncorrectable = {"UMC": 2}
+    backend, fake = make_backend(gpus)
+    real = fake.module.amdsmi_get_gpu_ecc_count
+
+    def count(handle: object, block: object) -> dict[str, int]:
+        answer = dict(real(handle, block))
+        if getattr(block, "name", "") == "GFX":
+            answer["uncorrectable_count"] = -1
+        return answer
+
+    monkeypatch.setattr(fake.module, "amdsmi_get_gpu_ecc_count", count)
+    await backend.start()
+    await backend.discover()
+    sink = await one_pass(backend)
+    await backend.stop()
+    assert sink.passes[0][1] == []
+    (line,) = [r for r in caplog.records if "not a count" in r.getMessage()]
+    assert line.__dict__["fields"]["value"] == "-1"
