@@ -156,7 +156,8 @@ class GpuSpec:
             standin.push(index, self)
 
     def commands(self, index: int | None) -> list[str]:
-        """The commands that make processor `index` (None: a new one) what this spec says."""
+        """The commands that make processor `index` (None: a new one) what this spec says; the lines
+        after the first name the processor ``{index}``, filled in once the first has answered it."""
         values = {
             "bdf": self.bdf,
             "card": self.card,
@@ -190,7 +191,7 @@ class GpuSpec:
         head = "gpu" if index is None else f"set|{index}"
         lines = [f"{head}|{fields}"]
         at = "{index}"
-        lines.append(f"clear|{at}")
+        lines.append(f"clear|{at}")  # the lists below replace what the processor had
         for block in set(self.ecc_correctable) | set(self.ecc_uncorrectable):
             ce, ue = self.ecc_correctable.get(block, 0), self.ecc_uncorrectable.get(block, 0)
             lines.append(f"ecc|{at}|{BLOCKS[block]}|{ce}|{ue}")
