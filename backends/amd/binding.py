@@ -32,8 +32,8 @@ DEFAULT_ROCM = "/opt/rocm"
 HOST_BINDING = Path("share") / "amd_smi"
 """Where a ROCm installation keeps its amdsmi Python package (relative to the ROCm directory)."""
 
-# libamd_smi's major version per ROCm release of the binding (ROCm's compatibility matrix: AMD SMI
-# 26.0.2 in ROCm 7.0.2, 26.4 in 7.13, 26.5 in 7.14; 25.x in 6.4, 24.x in 6.2-6.3). Keys are
+# libamd_smi's major version per ROCm release of the binding (AMD's release notes: AMD SMI 26.0.2
+# in ROCm 7.0.2, 25.3.0 in 6.4.0, 24.5.1 in 6.1.1; 6.2-6.3 kept the 24 line). Keys are
 # (major, minor) or (major,) for a whole ROCm major.
 LIB_MAJOR_BY_ROCM: dict[tuple[int, ...], int] = {(6, 2): 24, (6, 3): 24, (6, 4): 25, (7,): 26}
 
