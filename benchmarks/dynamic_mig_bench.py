@@ -27,13 +27,13 @@ import anyio
 from agent.core.backend import BackendOptions, ClaimRef
 from agent.kube.pool import build_pool
 from backends.nvidia import NvidiaBackend
-from tests.fakes.fake_pynvml import MigNvml, dynamic_gpu
+from tests.fakes.libnvml import MigLibNvml, dynamic_gpu
 
 DISK_DIR = "/var/tmp" if os.path.isdir("/var/tmp") else None
 MODELS = {"A100-SXM4-80GB": "NVIDIA A100-SXM4-80GB", "H100 80GB HBM3": "NVIDIA H100 80GB HBM3"}
 
 
-def backend(fake: MigNvml, root: Path) -> NvidiaBackend:
+def backend(fake: MigLibNvml, root: Path) -> NvidiaBackend:
     settings = {
         "cdi-mode": "own",
         "host-root": str(root / "host"),
@@ -59,7 +59,7 @@ async def publish_row(model: str, product: str, root: Path, rounds: int) -> list
     old: list[dict[str, Any]] = []
     devices: Any = ()
     for i in range(rounds):
-        fake = MigNvml([dynamic_gpu(product, minor) for minor in range(8)])
+        fake = MigLibNvml([dynamic_gpu(product, minor) for minor in range(8)])
         nv = backend(fake, root / f"{model[:4]}-{i}")
         t0 = time.perf_counter()
         await nv.start()
@@ -102,7 +102,7 @@ async def prepare_rows(root: Path, rounds: int) -> list[list[str]]:
     for node in ("nvidiactl", "nvidia0"):
         (where / "dev" / node).touch()
     # The fake driver writes the new MIG device's capability file and node, which the edits read.
-    fake = MigNvml(
+    fake = MigLibNvml(
         [dynamic_gpu(MODELS["A100-SXM4-80GB"], 0)], proc_root=where / "proc", dev_root=where / "dev"
     )
     nv = backend(fake, where)

@@ -29,7 +29,7 @@ import anyio
 from agent.demo import DemoOptions, agent_running, demo_config
 from agent.emulator import KubeApiEmulator
 from backends.nvidia import NvidiaBackend
-from tests.fakes.fake_pynvml import XID_CRITICAL, FakeNvml, h100
+from tests.fakes.libnvml import XID_CRITICAL, LibNvml, h100
 from tests.test_agent_e2e import NODE, nvidia_backend
 
 DRIVER = "gpu.nvidia.com"
@@ -60,7 +60,7 @@ async def wait_for(check: Callable[[], Any], limit: float = 30.0) -> None:
 
 
 async def measure(rounds: int) -> dict[str, list[float]]:
-    nvml = FakeNvml([h100(i, f"00000000:{0x10 + i:02x}:00.0") for i in range(GPUS)])
+    nvml = LibNvml([h100(i, f"00000000:{0x10 + i:02x}:00.0") for i in range(GPUS)])
     kinds = ("XID event", "ECC counter rise (pass)", "GPU lost, no event (pass)")
     results: dict[str, list[float]] = {kind: [] for kind in kinds}
     with tempfile.TemporaryDirectory(prefix="hl-", dir="/tmp") as tmp:

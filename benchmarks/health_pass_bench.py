@@ -26,7 +26,7 @@ from agent.core.backend import DEFAULT_HEALTH_INTERVAL, BackendOptions, HealthEv
 from agent.core.clock import SystemClock
 from backends.nvidia import NvidiaBackend
 from backends.nvidia.health import HealthMonitor
-from tests.fakes.fake_pynvml import XID_CRITICAL, FakeGpu, FakeMig, FakeNvml, a100_mig, h100
+from tests.fakes.libnvml import XID_CRITICAL, FakeGpu, FakeMig, LibNvml, a100_mig, h100
 
 
 def h100_node(count: int) -> list[FakeGpu]:
@@ -55,7 +55,7 @@ class _Quiet:
 
 async def per_pass(gpus: Sequence[FakeGpu], passes: int) -> tuple[int, int, float, float]:
     """Devices, NVML calls per pass, CPU ms per pass (median), wall ms per pass (median)."""
-    fake = FakeNvml(gpus)
+    fake = LibNvml(gpus)
     backend = NvidiaBackend(BackendOptions("bench-node"), nvml_module=fake.module)
     await backend.start()
     devices = await backend.discover()
@@ -95,7 +95,7 @@ class _Watch:
 async def latency(kind: str, samples: int, interval: float) -> list[float]:
     """Seconds from a fault in the fake NVML to its condition at the sink, on the real clock."""
     gpu = h100(0)
-    fake = FakeNvml([gpu])
+    fake = LibNvml([gpu])
     backend = NvidiaBackend(BackendOptions("bench-node", health_interval=interval), nvml_module=fake.module)
     await backend.start()
     watch = _Watch("xid" if kind == "xid" else "ecc-uncorrectable")

@@ -18,7 +18,7 @@ import anyio
 
 from agent.core.backend import BackendOptions
 from backends.nvidia import NvidiaBackend
-from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, a100_mig, h100
+from tests.fakes.libnvml import FakeGpu, LibNvml, a100_mig, h100
 
 
 def node(kind: str, count: int) -> list[FakeGpu]:
@@ -38,7 +38,7 @@ async def timed(rounds: int, call: Callable[[], Awaitable[object]]) -> tuple[flo
 
 
 async def measure(kind: str, count: int, rounds: int) -> tuple[str, int, int, float, float, float, float]:
-    fake = FakeNvml(node(kind, count))
+    fake = LibNvml(node(kind, count))
     backend = NvidiaBackend(BackendOptions("bench-node"), nvml_module=fake.module)
     await backend.start()
     devices = await backend.discover()

@@ -15,7 +15,7 @@ import pytest
 from agent.core.backend import BackendOptions, HealthEvent
 from backends.nvidia import NvidiaBackend
 from backends.nvidia.capnodes import NodeMaker, mknod
-from tests.fakes.fake_pynvml import FakeNvml, a100_full_mig, a100_mig, h100, l4
+from tests.fakes.libnvml import LibNvml, a100_full_mig, a100_mig, h100, l4
 from tests.support.clock import FakeClock
 
 # Bus IDs of the fixture GPUs and their PCIe roots: the two A100s share one root, H100 and L4 another.
@@ -39,9 +39,9 @@ def build_sysfs(root: Path, roots: Mapping[str, str] = PCIE_ROOTS) -> Path:
 
 
 @pytest.fixture
-def fake() -> FakeNvml:
+def fake() -> LibNvml:
     """A node with an A100 (four MIG devices), an A100 (one 7g.80gb), an H100 and an L4."""
-    return FakeNvml([a100_mig(0), a100_full_mig(1), h100(2), l4(3)])
+    return LibNvml([a100_mig(0), a100_full_mig(1), h100(2), l4(3)])
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def make_backend(tmp_path: Path, sysfs: Path, fake_clock: FakeClock) -> BackendF
     """
 
     def factory(
-        nvml: FakeNvml,
+        nvml: LibNvml,
         driver_name: str | None = None,
         *,
         real_dev_dir: bool = False,

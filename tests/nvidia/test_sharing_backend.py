@@ -9,7 +9,7 @@ from agent.core.sharing import DeviceShare, OpaqueConfig
 from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
 from backends.nvidia import NvidiaBackend
 from backends.nvidia.mps import NoMounter
-from tests.fakes.fake_pynvml import FakeNvml, h100
+from tests.fakes.libnvml import LibNvml, h100
 from tests.nvidia.conftest import build_sysfs
 from tests.support.clock import FakeClock
 
@@ -27,7 +27,7 @@ def backend(tmp_path: Path) -> NvidiaBackend:
     )
     return NvidiaBackend(
         options,
-        nvml_module=FakeNvml([h100(0)]).module,
+        nvml_module=LibNvml([h100(0)]).module,
         clock=FakeClock(),
         sysfs_root=build_sysfs(tmp_path / "sys"),
         proc_root=tmp_path / "proc",
