@@ -100,14 +100,12 @@ class Nvml:
         )
 
     def is_gpu_lost(self, error: BaseException) -> bool:
-        """The GPU fell off the bus, is no longer found, or needs a reset."""
+        """The GPU fell off the bus or needs a reset.
+
+        Not GPU_NOT_FOUND: nvml.h:1333 "No GPUs were found" is about the system, not one GPU.
+        """
         return isinstance(
-            error,
-            (
-                self.error_class("NVMLError_GpuIsLost"),
-                self.error_class("NVMLError_GpuNotFound"),
-                self.error_class("NVMLError_ResetRequired"),
-            ),
+            error, (self.error_class("NVMLError_GpuIsLost"), self.error_class("NVMLError_ResetRequired"))
         )
 
     def is_timeout(self, error: BaseException) -> bool:

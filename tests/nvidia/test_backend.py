@@ -193,12 +193,12 @@ async def test_telemetry_interval_caches_reads(make_backend: BackendFactory, fak
     backend = make_backend(fake, telemetry_interval="10")
     await backend.start()
     first = await backend.telemetry()
-    reads = fake.calls.count("nvmlDeviceGetTemperature")
+    reads = fake.count("nvmlDeviceGetTemperatureV")
     assert await backend.telemetry() == first
-    assert fake.calls.count("nvmlDeviceGetTemperature") == reads
+    assert fake.count("nvmlDeviceGetTemperatureV") == reads
     fake_clock.advance(10)
     await backend.telemetry()
-    assert fake.calls.count("nvmlDeviceGetTemperature") == reads + 1
+    assert fake.count("nvmlDeviceGetTemperatureV") == reads + 1
     await backend.stop()
 
 
@@ -227,3 +227,22 @@ def test_devices_command_without_driver(
     install(monkeypatch, LibNvml([], init_error=int(real.NVML_ERROR_LIBRARY_NOT_FOUND)))
     assert main(["devices", "--backend", "nvidia"]) == 1
     assert "libnvidia-ml.so.1" in capsys.readouterr().err
+
+
+async def test_temperature_through_the_versioned_call_where_the_driver_has_it(
+    make_backend: BackendFactory,
+) -> None:
+    """nvml.h:5979 deprecates nvmlDeviceGetTemperature in 13.0 for nvmlDeviceGetTemperatureV; a
+    driver without the V symbol is still read through the older call."""
+    for missing, used in (
+        ((), "nvmlDeviceGetTemperatureV"),
+        (("nvmlDeviceGetTemperatureV",), "nvmlDeviceGetTemperature"),
+    ):
+        fake = LibNvml([h100(0)], missing=missing)
+        backend = make_backend(fake)
+        await backend.start()
+        [reading] = await backend.telemetry()
+        await backend.stop()
+        assert reading.temperature_celsius == 35.0
+        assert fake.count(used) == 1
+        assert fake.count("nvmlDeviceGetTemperature") == (1 if missing else 0)

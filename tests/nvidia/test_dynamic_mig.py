@@ -295,3 +295,38 @@ async def test_unprepare_of_a_gpu_that_is_gone_forgets_it(
     await backend.discover()
     await backend.unprepare(PLACEMENT, CLAIM)
     assert journal(journal_dir).entries() == []
+
+
+async def test_a_burst_of_prepares_and_unprepares_leaves_nothing_behind(
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
+) -> None:
+    """Concurrent prepares of every 1g.10gb placement of the A100, then concurrent unprepares, twice:
+    each creates and destroys its MIG device through pynvml over nvml.h's prototypes."""
+    backend = await started(make_backend, nvml, journal_dir)
+    gpu = nvml.gpus[0]
+    names = [f"gpu-0-mig-1g10gb-19-{start}" for start in range(7)]
+    claims = [ClaimRef("default", f"claim-{i}", f"uid-{i}") for i in range(len(names))]
+    for _ in range(2):
+        async with anyio.create_task_group() as tg:
+            for name, claim in zip(names, claims, strict=True):
+                tg.start_soon(backend.prepare, name, claim)
+        assert sorted(m.start for m in gpu.migs) == list(range(7))
+        assert len({m.uuid for m in gpu.migs}) == 7 and all(m.uuid for m in gpu.migs)
+        async with anyio.create_task_group() as tg:
+            for name, claim in zip(names, claims, strict=True):
+                tg.start_soon(backend.unprepare, name, claim)
+        assert gpu.migs == [] and journal(journal_dir).entries() == []
+    assert nvml.crashes == []
+
+
+async def test_the_new_mig_devices_uuid_comes_from_its_compute_instance(
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
+) -> None:
+    """NVIDIA's driver reads the MIG device from the compute instance info (nvml.h:12757-12764,
+    ``device``); walking every MIG slot takes seconds on a loaded GPU."""
+    backend = await started(make_backend, nvml, journal_dir)
+    before = nvml.count("nvmlDeviceGetMigDeviceHandleByIndex")
+    await backend.prepare(PLACEMENT, CLAIM)
+    [mig] = nvml.gpus[0].migs
+    assert journal(journal_dir).entries()[0].mig_uuid == mig.uuid
+    assert nvml.count("nvmlDeviceGetMigDeviceHandleByIndex") == before

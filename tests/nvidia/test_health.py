@@ -13,7 +13,7 @@ from agent.core.errors import ConfigError
 from agent.core.inventory import Inventory
 from agent.core.model import HealthStatus, Severity
 from agent.health.tracker import HealthTracker
-from backends.nvidia.health import XidPolicy, parse_xids
+from backends.nvidia.xids import XidPolicy, parse_xids
 from tests.fakes.libnvml import (
     ALL_HEALTH_EVENTS,
     DOUBLE_BIT_ECC,

@@ -43,7 +43,7 @@ async def test_hung_telemetry_fails_in_bound_and_the_monitor_and_stop_go_on(
     backend = backend_on(fake, tmp_path, sysfs, fake_clock)
     await backend.start()
     await backend.discover()
-    fake.hang("nvmlDeviceGetTemperature")
+    fake.hang("nvmlDeviceGetTemperatureV")
     sink = Sink()
     async with anyio.create_task_group() as tg:
         tg.start_soon(backend.monitor_health, sink)
@@ -59,7 +59,7 @@ async def test_hung_telemetry_fails_in_bound_and_the_monitor_and_stop_go_on(
     with anyio.fail_after(5):
         await backend.stop()
     assert fake.initialized == 0  # nvmlShutdown ran although the telemetry read still hangs
-    assert fake.calls.count("nvmlDeviceGetTemperature") == 1
+    assert fake.count("nvmlDeviceGetTemperatureV") == 1
 
 
 async def test_hung_shutdown_is_left_behind(
