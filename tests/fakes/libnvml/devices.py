@@ -171,7 +171,9 @@ def a100_full_mig(minor: int = 1, bus: str = "00000000:0f:00.0") -> FakeGpu:
 
 
 def b200_mig(minor: int = 6, bus: str = "00000000:9a:00.0") -> FakeGpu:
-    """B200 in MIG mode with one MIG device of each newer profile (+me, +gfx, -me, +me.all)."""
+    """B200 in MIG mode with one MIG device of each newer profile (+me, +gfx, -me, +me.all).
+
+    The layout is a listing, not a valid placement plan (static discovery does not check it)."""
     return FakeGpu(
         name="NVIDIA B200",
         uuid=f"GPU-b200{minor:04d}-0000-0000-0000-000000000000",
@@ -188,6 +190,8 @@ def b200_mig(minor: int = 6, bus: str = "00000000:9a:00.0") -> FakeGpu:
             FakeMig(f"MIG-b200{minor:04d}-0003-0000-0000-000000000000", 3, 0, 44, 2, 1),
             FakeMig(f"MIG-b200{minor:04d}-0004-0000-0000-000000000000", 4, 0, 45, 3, 1),
             FakeMig(f"MIG-b200{minor:04d}-0005-0000-0000-000000000000", 5, 0, 46, 4, 2),
+            # Profile index 0x11: read only by a pynvml whose NVML_GPU_INSTANCE_PROFILE_COUNT is 0x12.
+            FakeMig(f"MIG-b200{minor:04d}-0006-0000-0000-000000000000", 6, 0, 48, 6, 1),
         ],
     )
 
