@@ -1,11 +1,11 @@
-"""Dynamic MIG benchmark: publishing partitionable GPUs and creating MIG devices on the fake NVML.
+"""Dynamic MIG benchmark: publishing partitionable GPUs and creating MIG devices through pynvml over the stand-in libnvidia-ml.
 
 For 8 A100-80GB and 8 H100-80GB in MIG mode: the NVIDIA backend's start and discovery (profiles
-and placements read through the fake `pynvml`), and the ResourceSlices built from that for 1.36
+and placements read through pynvml over the stand-in libnvidia-ml), and the ResourceSlices built from that for 1.36
 and 1.34. Then prepare/unprepare of one dynamic MIG device (GPU instance + compute instance
 creation, four journal writes with fsync to a disk directory, the own-mode CDI edits of the new
 MIG device; then destruction). The
-fake NVML answers at once: the driver's own create/destroy time on real hardware is not included.
+stand-in answers at once: the driver's own create/destroy time on real hardware is not included.
 
 Run: ``python -m benchmarks.dynamic_mig_bench`` (``--quick`` for fewer rounds).
 """
@@ -101,7 +101,7 @@ async def prepare_rows(root: Path, rounds: int) -> list[list[str]]:
     (where / "dev").mkdir(parents=True)
     for node in ("nvidiactl", "nvidia0"):
         (where / "dev" / node).touch()
-    # The fake driver writes the new MIG device's capability file and node, which the edits read.
+    # The stand-in driver writes the new MIG device's capability file and node, which the edits read.
     fake = MigLibNvml(
         [dynamic_gpu(MODELS["A100-SXM4-80GB"], 0)], proc_root=where / "proc", dev_root=where / "dev"
     )
@@ -142,7 +142,7 @@ async def main(quick: bool) -> None:
         for model, product in MODELS.items():
             print("| " + " | ".join(await publish_row(model, product, root, rounds)) + " |")
         print()
-        print("| dynamic MIG device, fake NVML | p50 | p99 | rounds |")
+        print("| dynamic MIG device, stand-in libnvidia-ml | p50 | p99 | rounds |")
         print("|---|---|---|---|")
         for row in await prepare_rows(root, 20 if quick else 200):
             print("| " + " | ".join(row) + " |")

@@ -1,5 +1,6 @@
 """A stand-in for NVIDIA's libnvidia-ml under the real pynvml (see `library`)."""
 
+from tests.fakes.libnvml.core import FakeEventSet, FakeHandle, error, load_pynvml, symbol
 from tests.fakes.libnvml.devices import (
     A100_PROFILES,
     ALL_HEALTH_EVENTS,
@@ -23,15 +24,7 @@ from tests.fakes.libnvml.devices import (
     l40s,
     t4,
 )
-from tests.fakes.libnvml.library import (
-    FakeEventSet,
-    FakeHandle,
-    LibNvml,
-    error,
-    install,
-    load_pynvml,
-    symbol,
-)
+from tests.fakes.libnvml.library import LibNvml, install
 from tests.fakes.libnvml.miglib import MigLibNvml
 
 __all__ = [

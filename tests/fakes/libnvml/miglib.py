@@ -40,8 +40,9 @@ from tests.fakes.libnvml.cabi import (
     c_function,
     store,
 )
+from tests.fakes.libnvml.core import FakeInstance, symbol
 from tests.fakes.libnvml.devices import NO_CI, FakeGpu, FakeMig
-from tests.fakes.libnvml.library import FakeInstance, LibNvml, symbol
+from tests.fakes.libnvml.library import LibNvml
 
 # NVML_COMPUTE_INSTANCE_PROFILE_* index -> compute slices (nvml.h).
 CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
