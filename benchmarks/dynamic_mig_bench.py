@@ -1,8 +1,9 @@
-"""Dynamic MIG benchmark: publishing partitionable GPUs and creating MIG devices through pynvml over the stand-in libnvidia-ml.
+"""Dynamic MIG benchmark: publishing partitionable GPUs and creating MIG devices (pynvml on a
+stand-in libnvidia-ml).
 
 For 8 A100-80GB and 8 H100-80GB in MIG mode: the NVIDIA backend's start and discovery (profiles
-and placements read through pynvml over the stand-in libnvidia-ml), and the ResourceSlices built from that for 1.36
-and 1.34. Then prepare/unprepare of one dynamic MIG device (GPU instance + compute instance
+and placements read through pynvml on a stand-in libnvidia-ml), and the ResourceSlices built
+from that for 1.36 and 1.34. Then prepare/unprepare of one dynamic MIG device (GPU instance + compute instance
 creation, four journal writes with fsync to a disk directory, the own-mode CDI edits of the new
 MIG device; then destruction). The
 stand-in answers at once: the driver's own create/destroy time on real hardware is not included.

@@ -1,7 +1,8 @@
 """Fault -> published taint, end to end, for an event and for polled checks (issue 23).
 
 The whole agent (`agent.demo.agent_running`: backends, health tracker, slice publisher, kubelet
-sockets) runs the NVIDIA backend through pynvml over the stand-in libnvidia-ml (8 H100s) against the API emulator, with the
+sockets) runs the NVIDIA backend through pynvml on a stand-in libnvidia-ml (8 H100s) against the
+API emulator, with the
 default ``--health-interval`` (5 s) and a 1 s hold. Each round faults one GPU and times how long
 until its taint is in the emulator's ResourceSlice: an XID event (the event wait wakes), an
 uncorrectable ECC counter rise with no event (the next health pass), and a GPU lost with no event
@@ -114,7 +115,8 @@ def main() -> None:
             f"{statistics.mean(samples) * 1000:>7.0f}ms {max(samples) * 1000:>7.0f}ms"
         )
     print(
-        "(8 stand-in H100s, --health-interval 5, hold 1 s, API emulator; faults at random moments of the cycle)"
+        "(8 stand-in H100s, --health-interval 5, hold 1 s, API emulator; "
+        "faults at random moments of the cycle)"
     )
 
 

@@ -1,4 +1,4 @@
-"""NVIDIA health pass benchmark through pynvml over the stand-in libnvidia-ml (issue 23).
+"""NVIDIA health pass benchmark through pynvml on a stand-in libnvidia-ml (issue 23).
 
 Prints, per node: the NVML calls and the CPU time (all threads of the process: the event loop
 and the worker thread the pass runs in) of one health pass, and the fault -> condition latency of
@@ -133,7 +133,10 @@ async def main(quick: bool) -> None:
     print("-" * len(header))
     for name, (devices, calls, cpu_ms, wall_ms) in rows:
         print(f"{name:<12} {devices:>7} {calls:>15} {cpu_ms:>11.2f} {wall_ms:>12.2f}")
-    print(f"({passes} passes each after the first; pynvml over the stand-in libnvidia-ml, so driver call latency is not included)\n")
+    print(
+        f"({passes} passes each after the first; pynvml on a stand-in libnvidia-ml, "
+        "so driver call latency is not included)\n"
+    )
 
     interval = DEFAULT_HEALTH_INTERVAL
     samples = 3 if quick else 8
@@ -151,6 +154,8 @@ async def main(quick: bool) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="NVIDIA health pass benchmark (pynvml over the stand-in libnvidia-ml)")
+    parser = argparse.ArgumentParser(
+        description="NVIDIA health pass benchmark (pynvml on a stand-in libnvidia-ml)"
+    )
     parser.add_argument("--quick", action="store_true", help="fewer passes and latency samples")
     anyio.run(main, parser.parse_args().quick)

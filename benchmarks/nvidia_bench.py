@@ -1,4 +1,5 @@
-"""NVIDIA backend benchmark through pynvml over the stand-in libnvidia-ml: discovery time and telemetry read time per GPU.
+"""NVIDIA backend benchmark (pynvml on a stand-in libnvidia-ml): discovery time and telemetry read
+time per GPU.
 
 The stand-in answers each NVML call in microseconds, so these figures are the backend's own cost
 (Python, attribute building, validation, worker-thread hops); a real driver adds its call latency
@@ -63,10 +64,10 @@ async def main(quick: bool) -> None:
             f" {d50 / count * 1e6:>6.0f}us {t50 * 1e3:>11.2f}ms {t99 * 1e3:>6.2f}ms"
             f" {t50 / count * 1e6:>6.0f}us"
         )
-    print(f"\n({rounds} rounds each; pynvml over the stand-in libnvidia-ml, so driver call latency is not included)")
+    print(f"\n({rounds} rounds each; pynvml on a stand-in libnvidia-ml: no driver call latency)")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="NVIDIA backend benchmark (pynvml over the stand-in libnvidia-ml)")
+    parser = argparse.ArgumentParser(description="NVIDIA backend benchmark (stand-in libnvidia-ml)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     anyio.run(main, parser.parse_args().quick)

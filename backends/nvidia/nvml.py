@@ -1,6 +1,6 @@
 """A thin layer over `pynvml` (nvidia-ml-py): loading, init/shutdown, worker threads, error mapping.
 
-The `pynvml` module is a dependency passed in (tests give a fake module with the same names);
+The `pynvml` module is a dependency passed in (tests give pynvml over a stand-in libnvidia-ml);
 every blocking NVML call runs in a worker thread, never on the event loop: `Nvml.run` (discovery
 and telemetry, one at a time), `Nvml.run_health` (the health monitor's own lane) or
 `Nvml.run_unlimited` (shutdown). Each is bounded (`agent.core.vendorcall`), so a wedged driver
@@ -45,7 +45,7 @@ LIBRARY_DIRS = (
 
 
 def load_pynvml() -> ModuleType:
-    """Import `pynvml` (from nvidia-ml-py); `sys.modules['pynvml']` wins, so tests can inject a fake."""
+    """Import `pynvml` (from nvidia-ml-py); `sys.modules['pynvml']` wins, so tests can inject their copy."""
     try:
         return importlib.import_module("pynvml")
     except ImportError as error:
@@ -223,7 +223,7 @@ class Nvml:
 
 
 class _Never(Exception):
-    """Stands in for an error class a (fake) pynvml module does not define."""
+    """Stands in for an error class an older pynvml module does not define."""
 
 
 def text(value: str | bytes) -> str:

@@ -1,4 +1,5 @@
-"""Fixtures of the NVIDIA backend tests: a fake NVML node, a sysfs tree, a backend factory."""
+"""Fixtures of the NVIDIA backend tests: an NVML node (pynvml over the stand-in libnvidia-ml), a
+sysfs tree, a backend factory."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ BackendFactory = Callable[..., NvidiaBackend]
 
 @pytest.fixture
 def make_backend(tmp_path: Path, sysfs: Path, fake_clock: FakeClock) -> BackendFactory:
-    """``make_backend(fake, **settings)``: a backend on the fake NVML with test roots.
+    """``make_backend(fake, **settings)``: a backend on the stand-in libnvidia-ml with test roots.
 
     The host's filesystem is ``tmp_path/host`` (setting ``host-root``) unless a test says otherwise;
     device nodes are read from ``tmp_path/dev`` unless ``real_dev_dir`` (then: as the backend finds them).
@@ -148,7 +149,8 @@ class Sink:
 
 
 async def until(predicate: Callable[[], object]) -> None:
-    """Poll (bounded) for a state that the fake NVML's worker thread changes; no event can signal it."""
+    """Poll (bounded) for a state that a worker thread changes in the stand-in libnvidia-ml; no
+    event can signal it."""
     with anyio.fail_after(5):
         for _ in itertools.count():
             if predicate():

@@ -1,4 +1,4 @@
-"""Dynamic MIG in the NVIDIA backend over the fake NVML: discovery, prepare, unprepare, rollback,
+"""Dynamic MIG in the NVIDIA backend over the stand-in libnvidia-ml: discovery, prepare, unprepare, rollback,
 reconcile, health. The GPU-instance calls are pynvml's (`tests.fakes.libnvml.MigLibNvml`)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def nvml(tmp_path: Path) -> MigLibNvml:
     """Dynamic A100-80GB and H100, an A100 with an admin's MIG layout, an H100 with MIG off, an L4.
 
     The driver's device nodes are in ``tmp_path/dev`` (the backend's), its capability files in
-    ``tmp_path/proc``; the fake NVML adds those of the MIG devices it creates.
+    ``tmp_path/proc``; the stand-in libnvidia-ml adds those of the MIG devices it creates.
     """
     dev = tmp_path / "dev"
     dev.mkdir()

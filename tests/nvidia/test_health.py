@@ -407,7 +407,7 @@ async def test_shutdown_while_waiting_is_prompt(make_backend: BackendFactory) ->
 
 
 async def test_fault_ends_as_unhealthy_device(make_backend: BackendFactory, fake_clock: FakeClock) -> None:
-    """Through the core's tracker: an XID from the fake NVML makes the device unhealthy."""
+    """Through the core's tracker: an XID from the stand-in libnvidia-ml makes the device unhealthy."""
     fake = node()
     backend = make_backend(fake, health_wait_ms="20")
     await backend.start()

@@ -5,7 +5,7 @@ The driver publishes ``/proc/driver/nvidia/capabilities/gpu<N>/mig/gi<G>[/ci<C>]
 ``/dev/nvidia-caps/nvidia-cap<minor>``: ``nvidia-modprobe`` does, and the NVIDIA Container
 Toolkit's ``internal/nvcaps/nvcaps.go`` and ``internal/system/nvdevices`` (``createMigDeviceNodes``:
 the ``nvidia-caps`` major from ``/proc/devices``, one char node per capability minor) do the same.
-The fake NVML with ``make_nodes=False`` behaves as the driver alone.
+The stand-in libnvidia-ml with ``make_nodes=False`` behaves as the driver alone.
 """
 
 from __future__ import annotations

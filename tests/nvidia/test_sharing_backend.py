@@ -1,4 +1,5 @@
-"""The NVIDIA backend's sharing on the fake NVML: shareable devices, MPS and time-slicing wired in."""
+"""The NVIDIA backend's sharing on the stand-in libnvidia-ml: shareable devices, MPS and
+time-slicing wired in."""
 
 from __future__ import annotations
 
