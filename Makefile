@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_OUT := agent/kubelet/_protos
 
-.PHONY: all venv demo test lint typecheck unit promtool amd-standin protos bench clean
+.PHONY: all venv demo test lint typecheck unit promtool amd-standin nvidia-floor protos bench clean
 
 all: test
 
@@ -53,7 +53,17 @@ amd-standin: $(STAMP)
 	  echo "no C compiler: the AMD tests cannot build their stand-in library (apt-get install gcc)"
 	$(BIN)/python -c "from tests.fakes.amd_standin import build; [build(v) for v in ('full', 'no-cper')]"
 
-test: lint typecheck unit
+test: lint typecheck unit nvidia-floor
+
+# The NVIDIA tests again on the oldest nvidia-ml-py pyproject.toml allows (`unit` runs the newest):
+# pynvml is one module, installed apart and put first on the path.
+NVML_FLOOR := $(shell sed -n 's/.*"nvidia-ml-py>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+NVML_FLOOR_DIR := $(VENV)/nvml-floor-$(NVML_FLOOR)
+nvidia-floor: $(STAMP)
+	@[ -f $(NVML_FLOOR_DIR)/pynvml.py ] || \
+	  $(BIN)/python -m pip install --quiet --no-deps --target $(NVML_FLOOR_DIR) 'nvidia-ml-py==$(NVML_FLOOR)'
+	PYTHONPATH=$(NVML_FLOOR_DIR) $(BIN)/python -c 'import pynvml, sys; sys.exit(pynvml.__file__.find("nvml-floor") < 0)'
+	PYTHONPATH=$(NVML_FLOOR_DIR) $(BIN)/python -m pytest -q tests/nvidia
 
 protos: $(STAMP)
 	$(BIN)/python -m agent.kubelet.protogen
