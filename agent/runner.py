@@ -25,8 +25,8 @@ import anyio
 
 from agent.app import Agent, DriverRuntime, Part, create_backend_set, run_until_signal
 from agent.claims.filelock import FileLock
-from agent.claims.state import DeviceState
-from agent.claims.statehooks import Listeners, PreparedListener
+from agent.claims.state.hooks import Listeners, PreparedListener
+from agent.claims.state.machine import DeviceState
 from agent.config import AgentConfig
 from agent.core.backend import GPU_LOST, Backend, ClaimRef, declared_conditions, prepared_status
 from agent.core.clock import Clock, SystemClock

@@ -38,24 +38,24 @@ ROWS_KEPT = 400
 # row is kept: the first time counts.
 POINTS: tuple[tuple[str, str, str | None, str | None], ...] = (
     ("agent.kubelet.draservice", "validate_claims", None, "request decoded and checked"),
-    ("agent.claims.state", "DeviceState.prepare", "in the claim state", "claim state done"),
-    ("agent.claims.state", "DeviceState.unprepare", "in the claim state", "claim state done"),
+    ("agent.claims.state.machine", "DeviceState.prepare", "in the claim state", "claim state done"),
+    ("agent.claims.state.machine", "DeviceState.unprepare", "in the claim state", "claim state done"),
     ("agent.kube.client", "KubeClient.get_resource_claim", "claim GET asked", "claim GET parsed"),
     ("agent.kube.transport", "_Connection.send", None, "GET request sent"),
     ("agent.kube.transport", "_Connection.data_received", "GET answer arrived", None),
     (
-        "agent.claims.checkpointstore",
+        "agent.claims.checkpoint.store",
         "CheckpointStore.put_staged",
         "claim checked, entry and plan made",
         "back on the loop",
     ),
     (
-        "agent.claims.checkpointstore",
+        "agent.claims.checkpoint.store",
         "CheckpointStore.remove",
         "entry looked up, plan made",
         "back on the loop",
     ),
-    ("agent.claims.checkpointstore", "_write_group", "in the worker thread", "worker thread done"),
+    ("agent.claims.checkpoint.store", "_write_group", "in the worker thread", "worker thread done"),
     ("backends.fake.devicefile", "write_device_file", "device file asked", "device file written"),
     ("backends.fake.devicefile", "remove_device_file", "device file asked", "device file removed"),
     ("agent.claims.cdi", "CdiSpecWriter.write_claim_spec", "CDI spec asked", "CDI spec written"),
@@ -204,7 +204,7 @@ def _wrap_handler(timeline: Timeline, owner: Any, attribute: str) -> None:
 
 def _wrap_checkpoint_writes(timeline: Timeline) -> None:
     """The checkpoint's appends, told apart by durability, and its own fsyncs (not the CDI's)."""
-    checkpoint = importlib.import_module("agent.claims.checkpointwrites")
+    checkpoint = importlib.import_module("agent.claims.checkpoint.file")
     append = checkpoint._append
 
     @functools.wraps(append)

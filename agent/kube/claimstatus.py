@@ -164,7 +164,7 @@ class ClaimStatusWriter:
             for result in RESULTS:
                 metrics.claim_status_writes.labels(driver, result)
 
-    # -- the claim state's listener (`agent.claims.statehooks.PreparedListener`) -----------------
+    # -- the claim state's listener (`agent.claims.state.hooks.PreparedListener`) -----------------
 
     def prepared_changed(
         self, driver: str, prepared: Mapping[ClaimRef, tuple[str, ...]], unprepared: Collection[ClaimRef]

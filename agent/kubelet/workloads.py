@@ -96,7 +96,7 @@ class WorkloadAttribution:
         prepared: Mapping[ClaimRef, tuple[str, ...]],
         unprepared: Collection[ClaimRef],
     ) -> None:
-        """The driver's claims that changed (see `agent.claims.statehooks.PreparedListener`).
+        """The driver's claims that changed (see `agent.claims.state.hooks.PreparedListener`).
 
         Only those claims' series change here: a prepare costs the same with 1 or 500 claims
         prepared on the node.

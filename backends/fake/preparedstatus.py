@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
 
 from agent.core.backend import PreparedStatus
 from agent.core.model import Device
@@ -44,11 +43,11 @@ def created_mig_status(placement: PlacementDevice, claim_uid: str) -> PreparedSt
     )
 
 
-def device_status(device: Device, devices: Mapping[str, Device]) -> PreparedStatus:
+def device_status(device: Device) -> PreparedStatus:
     """A static MIG device's or a partition's status data; nothing for a whole GPU."""
     attributes = device.attributes
     if attributes.get("type") != "mig":
-        return partition_status(device, devices)
+        return partition_status(device)
     return mig_status(
         mig_uuid=device.uuid,
         parent_uuid=str(attributes.get("parentUUID", "")),

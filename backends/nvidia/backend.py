@@ -53,7 +53,7 @@ from backends.nvidia.edits import (
     resolve_dev_dir,
     toolkit_edits,
 )
-from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState, XidPolicy
+from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState
 from backends.nvidia.migjournal import MigJournal
 from backends.nvidia.migstatus import static_mig_status
 from backends.nvidia.mps import CONTROL_PROGRAM, ControlProgram, MpsDaemons, MpsProgram, ShmMounter
@@ -61,6 +61,7 @@ from backends.nvidia.nvml import Nvml, load_pynvml
 from backends.nvidia.sharing import DeviceFacts, GpuPolicy, NvSharingManager, SmiGpuPolicy, facts_of
 from backends.nvidia.telemetry import read_telemetry_sync
 from backends.nvidia.toolkitspec import ToolkitDevices, ToolkitSpecReader
+from backends.nvidia.xids import XidPolicy
 
 log = logging.getLogger("agent.backends.nvidia")
 

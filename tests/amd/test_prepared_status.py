@@ -1,6 +1,6 @@
 """What the AMD backend tells of a prepared partition (`DescribesPrepared`), issue 31: its identity
 and its GPU's, for the claim's ``status.devices[].data``; nothing beyond the `Device` for a GPU.
-Through amdsmi over the fake library (`tests.fakes.fake_amdsmi`)."""
+Through AMD's real amdsmi over the stand-in library (`tests.fakes.amd_standin`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from agent.core.backend import ClaimRef, prepared_status
 from agent.core.errors import DeviceNotFoundError
 from tests.amd.conftest import MakeBackend
-from tests.fakes.fake_amdsmi import mi300x
+from tests.fakes.amd_standin import mi300x
 
 CLAIM = ClaimRef("default", "claim-1", "uid-1")
 
@@ -26,7 +26,6 @@ async def test_a_partition_names_itself_and_its_gpu(make_backend: MakeBackend) -
             "partitionProfile": "cpx_nps4",
             "parentDeviceID": part.attributes["parentDeviceID"],
             "parentPciAddr": part.attributes["parentPciAddr"],
-            "parentUUID": devices[part.parent].uuid,
         }
         with pytest.raises(DeviceNotFoundError):
             await prepared_status(backend, "gpu-99-999", CLAIM)

@@ -27,7 +27,7 @@ from agent.emulator import KubeApiEmulator
 from agent.kube.claimstatus import ClaimStatusWriter, StatusTarget
 from agent.kubelet.plugin import socket_paths
 from agent.observe.metrics import Metrics
-from tests.fakes.fake_pynvml import XID_CRITICAL, FakeNvml, h100
+from tests.fakes.libnvml import XID_CRITICAL, LibNvml, h100
 from tests.kubelet.grpc_support import V1, grpcio_protos, grpcio_unary, short_tmp_dir
 from tests.lifecycle.harness import until
 from tests.test_agent_e2e import NODE, nvidia_backend, running_agent
@@ -84,7 +84,7 @@ async def call(root: Path, run: Any, method: str, name: str, uid: str) -> Any:
 
 
 async def test_a_prepared_claim_names_its_gpu_and_follows_its_health(root: Path) -> None:
-    nvml = FakeNvml([h100(0)])
+    nvml = LibNvml([h100(0)])
     async with running_agent(root, [nvidia_backend(root, nvml)]) as run:
         emu = run.emu
         uid = allocate(emu, "train", "gpu-0")["metadata"]["uid"]
@@ -112,7 +112,7 @@ async def test_a_prepared_claim_names_its_gpu_and_follows_its_health(root: Path)
 
 
 async def test_a_failing_status_write_never_fails_the_prepare_and_is_retried(root: Path) -> None:
-    nvml = FakeNvml([h100(0)])
+    nvml = LibNvml([h100(0)])
     async with running_agent(root, [nvidia_backend(root, nvml)]) as run:
         emu = run.emu
         uid = allocate(emu, "infer", "gpu-0")["metadata"]["uid"]
@@ -129,7 +129,7 @@ async def test_a_failing_status_write_never_fails_the_prepare_and_is_retried(roo
 
 async def test_the_prepare_answers_while_its_status_write_hangs(root: Path) -> None:
     """The write is not part of the call: the answer comes with the write still in flight."""
-    nvml = FakeNvml([h100(0)])
+    nvml = LibNvml([h100(0)])
     async with running_agent(root, [nvidia_backend(root, nvml)]) as run:
         emu = run.emu
         emu.faults.slow["resourceclaims/status"] = 3600.0
@@ -142,7 +142,7 @@ async def test_the_prepare_answers_while_its_status_write_hangs(root: Path) -> N
 
 async def test_other_writers_entries_are_kept(root: Path) -> None:
     """Server-side apply with our own field manager touches only our entries."""
-    nvml = FakeNvml([h100(0)])
+    nvml = LibNvml([h100(0)])
     async with running_agent(root, [nvidia_backend(root, nvml)]) as run:
         emu = run.emu
         claim = allocate(emu, "mixed", "gpu-0")

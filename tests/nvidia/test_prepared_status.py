@@ -3,7 +3,7 @@ identity a claim's ``status.devices[].data`` carries and the per-pod series are 
 
 Upstream: ``pkg/apis/resource/validation/validation.go`` (``validateDeviceStatus``: ``data`` is a
 JSON object of at most 10 KiB, whatever the driver puts in it). The NVML calls are pynvml's over
-the fake NVML (`tests.fakes.fake_pynvml.MigNvml`).
+the stand-in libnvidia-ml (`tests.fakes.libnvml`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from agent.core.backend import ClaimRef, prepared_status
 from backends.nvidia.dynamicmig import DynamicMigError
-from tests.fakes.fake_pynvml import MigNvml
+from tests.fakes.libnvml import MigLibNvml
 from tests.nvidia.conftest import BackendFactory
 from tests.nvidia.test_dynamic_mig import PLACEMENT, journal, nvml, started
 
@@ -24,7 +24,7 @@ CLAIM = ClaimRef("default", "claim-1", "uid-1")
 
 
 async def test_a_dynamic_mig_device_is_described_once_created(
-    make_backend: BackendFactory, nvml: MigNvml, tmp_path: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, tmp_path: Path
 ) -> None:
     backend = await started(make_backend, nvml, tmp_path / "state")
     with pytest.raises(DynamicMigError, match="no MIG device created"):
@@ -43,7 +43,7 @@ async def test_a_dynamic_mig_device_is_described_once_created(
 
 
 async def test_static_mig_devices_and_whole_gpus(
-    make_backend: BackendFactory, nvml: MigNvml, tmp_path: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, tmp_path: Path
 ) -> None:
     backend = await started(make_backend, nvml, tmp_path / "state")
     devices = {d.name: d for d in await backend.discover()}
