@@ -6,14 +6,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_OUT := agent/kubelet/_protos
 
-.PHONY: all venv demo test lint typecheck unit promtool protos bench clean
+.PHONY: all venv demo test lint typecheck unit promtool amd-standin nvidia-floor protos bench clean
 
 all: test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,nvidia]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,nvidia,amd]'
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -28,7 +28,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) promtool
+unit: $(STAMP) promtool amd-standin
 	$(BIN)/python -m pytest -q
 
 # promtool runs the alert-rule tests (they skip without it). Taken from Debian's prometheus package
@@ -44,7 +44,26 @@ promtool: $(STAMP)
 	rm -rf $$tmp; \
 	[ -x $(BIN)/promtool ] || echo "promtool unavailable: the alert-rule tests are skipped (apt-get install prometheus)"
 
-test: lint typecheck unit
+# The AMD tests load AMD's real amdsmi over a stand-in libamd_smi.so built from C
+# (tests/fakes/amdsmi_standin) into build/amd-standin; as root, installs a C compiler when missing.
+amd-standin: $(STAMP)
+	@command -v cc >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+	  { apt-get install -y -qq gcc >/dev/null 2>&1 || \
+	    { apt-get update -qq && apt-get install -y -qq gcc >/dev/null 2>&1; }; }; } || \
+	  echo "no C compiler: the AMD tests cannot build their stand-in library (apt-get install gcc)"
+	$(BIN)/python -c "from tests.fakes.amd_standin import build; [build(v) for v in ('full', 'no-cper')]"
+
+test: lint typecheck unit nvidia-floor
+
+# The NVIDIA tests again on the oldest nvidia-ml-py pyproject.toml allows (`unit` runs the newest):
+# pynvml is one module, installed apart and put first on the path.
+NVML_FLOOR := $(shell sed -n 's/.*"nvidia-ml-py>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+NVML_FLOOR_DIR := $(VENV)/nvml-floor-$(NVML_FLOOR)
+nvidia-floor: $(STAMP)
+	@[ -f $(NVML_FLOOR_DIR)/pynvml.py ] || \
+	  $(BIN)/python -m pip install --quiet --no-deps --target $(NVML_FLOOR_DIR) 'nvidia-ml-py==$(NVML_FLOOR)'
+	PYTHONPATH=$(NVML_FLOOR_DIR) $(BIN)/python -c 'import pynvml, sys; sys.exit(pynvml.__file__.find("nvml-floor") < 0)'
+	PYTHONPATH=$(NVML_FLOOR_DIR) $(BIN)/python -m pytest -q tests/nvidia
 
 protos: $(STAMP)
 	$(BIN)/python -m agent.kubelet.protogen

@@ -365,6 +365,23 @@ class _Walkthrough:
         left = len(state.prepared_claims()) if state is not None else 0
         p.line(f"CDI spec removed: {report.cdi_removed}; prepared claims left: {left}")
 
+    def _share_status(self, claims: Sequence[dra_v1.Claim]) -> dict[str, list[dict[str, Any]]] | None:
+        """Each claim's ``status.devices`` (device, shareID, Ready), once every claim has one."""
+        found = {c.name: _status_entries(self.emu, c.name) for c in claims}
+        if not all(found.values()):
+            return None
+        return {
+            name: [
+                {
+                    "device": e["device"],
+                    "shareID": e.get("shareID", ""),
+                    "Ready": e["conditions"][0]["status"],
+                }
+                for e in entries
+            ]
+            for name, entries in found.items()
+        }
+
     async def share(self) -> None:
         """Two claims with MPS and memory shares of one GPU: share IDs, per-claim limits, one daemon."""
         p, options, report, config = self.p, self.options, self.report, self.config
@@ -400,10 +417,23 @@ class _Walkthrough:
             p.step(f"one MPS control daemon (the fake backend's stand-in) serves {device}")
             p.yaml(daemon)
             report.shares = {"prepare": answers, "env": env, "daemon": daemon, "daemons": len(records)}
+            status = await _until("the claims' device status", lambda: self._share_status(claims), 10.0)
+            p.step("the API server took each claim's device status: one entry per share, with its shareID")
+            p.yaml(status)
+            report.shares["status"] = status
             await dra.node_unprepare_resources(dra_v1.NodeUnprepareResourcesRequest(claims=claims))
         left = list((config.state_dir / "fake-sharing").rglob("daemon.json"))
         report.shares["daemons_after"] = len(left)
         p.line(f"both claims unprepared; MPS daemons left: {len(left)}")
+
+
+def _ready(entry: Mapping[str, Any]) -> str:
+    return next((c["status"] for c in entry.get("conditions") or [] if c.get("type") == "Ready"), "")
+
+
+def _status_entries(emu: KubeApiEmulator, name: str) -> list[dict[str, Any]]:
+    claim = emu.get("resourceclaims", name, namespace="default") or {}
+    return list((claim.get("status") or {}).get("devices") or [])
 
 
 def _allocate_share(emu: KubeApiEmulator, driver: str, device: str, name: str, memory: str) -> dict[str, Any]:

@@ -22,17 +22,17 @@ import anyio
 
 from agent.app import Agent, DriverRuntime, Part, create_backend_set, run_until_signal
 from agent.claims.filelock import FileLock
-from agent.claims.state import DeviceState
-from agent.claims.statehooks import Listeners, PreparedListener
+from agent.claims.state.hooks import Listeners, PreparedListener
+from agent.claims.state.machine import DeviceState
 from agent.config import AgentConfig
-from agent.core.backend import GPU_LOST, Backend, declared_conditions
+from agent.core.backend import GPU_LOST, Backend, ClaimRef, declared_conditions, prepared_status
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import KubeApiError
 from agent.core.exclusion import ExcludingBackend
 from agent.core.logs import log_fields
 from agent.core.model import HealthCondition, Severity
 from agent.health.taints import EFFECT_NONE, TaintPolicy
-from agent.kube.claimstatus import ClaimStatusWriter
+from agent.kube.claimstatus import ClaimStatusWriter, StatusTarget
 from agent.kube.client import KubeClient
 from agent.kube.credentials import check_in_cluster, check_kubeconfig, in_cluster
 from agent.kube.events import EventRecorder
@@ -166,6 +166,7 @@ class AgentParts:
                 inventories={d: r.inventory for d, r in agent.drivers.items()},
                 claims=self.api,
                 pod_resources=PodResourcesClient(default_socket(self.config.plugins_dir)),
+                describe={d: functools.partial(prepared_status, r.backend) for d, r in agent.drivers.items()},
             )
             parts.append(Part("workloads", self.workloads.run))
         for runtime in agent.drivers.values():
@@ -211,6 +212,12 @@ class AgentParts:
         async def client() -> KubeClient:
             return (await api.wait())[0]
 
+        def targets(ref: ClaimRef) -> list[StatusTarget]:
+            # The checkpoint's results (with their shareIDs): known after a restart too.
+            state = self.states.get(runtime.driver)
+            entry = state.prepared_claims().get(ref.uid) if state is not None else None
+            return [StatusTarget(d.pool, d.device, d.share_id) for d in entry.devices] if entry else []
+
         writer = ClaimStatusWriter(
             runtime.driver,
             self.config.node_name,
@@ -218,6 +225,8 @@ class AgentParts:
             client,
             clock=self.clock,
             metrics=self.metrics,
+            targets=targets,
+            describe=functools.partial(prepared_status, runtime.backend),
         )
         self.status_writers[runtime.driver] = writer
         return writer

@@ -1,11 +1,12 @@
-"""Dynamic MIG benchmark: publishing partitionable GPUs and creating MIG devices on the fake NVML.
+"""Dynamic MIG benchmark: publishing partitionable GPUs and creating MIG devices (pynvml on a
+stand-in libnvidia-ml).
 
 For 8 A100-80GB and 8 H100-80GB in MIG mode: the NVIDIA backend's start and discovery (profiles
-and placements read through the fake `pynvml`), and the ResourceSlices built from that for 1.36
-and 1.34. Then prepare/unprepare of one dynamic MIG device (GPU instance + compute instance
+and placements read through pynvml on a stand-in libnvidia-ml), and the ResourceSlices built
+from that for 1.36 and 1.34. Then prepare/unprepare of one dynamic MIG device (GPU instance + compute instance
 creation, four journal writes with fsync to a disk directory, the own-mode CDI edits of the new
 MIG device; then destruction). The
-fake NVML answers at once: the driver's own create/destroy time on real hardware is not included.
+stand-in answers at once: the driver's own create/destroy time on real hardware is not included.
 
 Run: ``python -m benchmarks.dynamic_mig_bench`` (``--quick`` for fewer rounds).
 """
@@ -27,13 +28,13 @@ import anyio
 from agent.core.backend import BackendOptions, ClaimRef
 from agent.kube.pool import build_pool
 from backends.nvidia import NvidiaBackend
-from tests.fakes.fake_pynvml import MigNvml, dynamic_gpu
+from tests.fakes.libnvml import MigLibNvml, dynamic_gpu
 
 DISK_DIR = "/var/tmp" if os.path.isdir("/var/tmp") else None
 MODELS = {"A100-SXM4-80GB": "NVIDIA A100-SXM4-80GB", "H100 80GB HBM3": "NVIDIA H100 80GB HBM3"}
 
 
-def backend(fake: MigNvml, root: Path) -> NvidiaBackend:
+def backend(fake: MigLibNvml, root: Path) -> NvidiaBackend:
     settings = {
         "cdi-mode": "own",
         "host-root": str(root / "host"),
@@ -59,7 +60,7 @@ async def publish_row(model: str, product: str, root: Path, rounds: int) -> list
     old: list[dict[str, Any]] = []
     devices: Any = ()
     for i in range(rounds):
-        fake = MigNvml([dynamic_gpu(product, minor) for minor in range(8)])
+        fake = MigLibNvml([dynamic_gpu(product, minor) for minor in range(8)])
         nv = backend(fake, root / f"{model[:4]}-{i}")
         t0 = time.perf_counter()
         await nv.start()
@@ -101,8 +102,8 @@ async def prepare_rows(root: Path, rounds: int) -> list[list[str]]:
     (where / "dev").mkdir(parents=True)
     for node in ("nvidiactl", "nvidia0"):
         (where / "dev" / node).touch()
-    # The fake driver writes the new MIG device's capability file and node, which the edits read.
-    fake = MigNvml(
+    # The stand-in driver writes the new MIG device's capability file and node, which the edits read.
+    fake = MigLibNvml(
         [dynamic_gpu(MODELS["A100-SXM4-80GB"], 0)], proc_root=where / "proc", dev_root=where / "dev"
     )
     nv = backend(fake, where)
@@ -142,7 +143,7 @@ async def main(quick: bool) -> None:
         for model, product in MODELS.items():
             print("| " + " | ".join(await publish_row(model, product, root, rounds)) + " |")
         print()
-        print("| dynamic MIG device, fake NVML | p50 | p99 | rounds |")
+        print("| dynamic MIG device, stand-in libnvidia-ml | p50 | p99 | rounds |")
         print("|---|---|---|---|")
         for row in await prepare_rows(root, 20 if quick else 200):
             print("| " + " | ".join(row) + " |")

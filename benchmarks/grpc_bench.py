@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 from grpclib.client import Channel
 
-from agent.claims.state import DeviceState
+from agent.claims.state.machine import DeviceState
 from agent.core.backend import BackendOptions
 from agent.core.inventory import Inventory
 from agent.kubelet._protos.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1

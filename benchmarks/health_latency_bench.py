@@ -1,7 +1,8 @@
 """Fault -> published taint, end to end, for an event and for polled checks (issue 23).
 
 The whole agent (`agent.demo.agent_running`: backends, health tracker, slice publisher, kubelet
-sockets) runs the NVIDIA backend on the fake NVML (8 H100s) against the API emulator, with the
+sockets) runs the NVIDIA backend through pynvml on a stand-in libnvidia-ml (8 H100s) against the
+API emulator, with the
 default ``--health-interval`` (5 s) and a 1 s hold. Each round faults one GPU and times how long
 until its taint is in the emulator's ResourceSlice: an XID event (the event wait wakes), an
 uncorrectable ECC counter rise with no event (the next health pass), and a GPU lost with no event
@@ -29,7 +30,7 @@ import anyio
 from agent.demo import DemoOptions, agent_running, demo_config
 from agent.emulator import KubeApiEmulator
 from backends.nvidia import NvidiaBackend
-from tests.fakes.fake_pynvml import XID_CRITICAL, FakeNvml, h100
+from tests.fakes.libnvml import XID_CRITICAL, LibNvml, h100
 from tests.test_agent_e2e import NODE, nvidia_backend
 
 DRIVER = "gpu.nvidia.com"
@@ -60,7 +61,7 @@ async def wait_for(check: Callable[[], Any], limit: float = 30.0) -> None:
 
 
 async def measure(rounds: int) -> dict[str, list[float]]:
-    nvml = FakeNvml([h100(i, f"00000000:{0x10 + i:02x}:00.0") for i in range(GPUS)])
+    nvml = LibNvml([h100(i, f"00000000:{0x10 + i:02x}:00.0") for i in range(GPUS)])
     kinds = ("XID event", "ECC counter rise (pass)", "GPU lost, no event (pass)")
     results: dict[str, list[float]] = {kind: [] for kind in kinds}
     with tempfile.TemporaryDirectory(prefix="hl-", dir="/tmp") as tmp:
@@ -114,7 +115,8 @@ def main() -> None:
             f"{statistics.mean(samples) * 1000:>7.0f}ms {max(samples) * 1000:>7.0f}ms"
         )
     print(
-        "(8 fake H100s, --health-interval 5, hold 1 s, API emulator; faults at random moments of the cycle)"
+        "(8 stand-in H100s, --health-interval 5, hold 1 s, API emulator; "
+        "faults at random moments of the cycle)"
     )
 
 

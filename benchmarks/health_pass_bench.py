@@ -1,11 +1,11 @@
-"""NVIDIA health pass benchmark against the fake NVML (issue 23).
+"""NVIDIA health pass benchmark through pynvml on a stand-in libnvidia-ml (issue 23).
 
 Prints, per node: the NVML calls and the CPU time (all threads of the process: the event loop
 and the worker thread the pass runs in) of one health pass, and the fault -> condition latency of
 a polled check (an uncorrectable ECC counter rise, seen by the next pass) next to an XID event
 (woken in the event wait), at the default ``--health-interval`` (5 s) on the real clock.
 
-The fake answers each NVML call in microseconds: the CPU figures are the backend's own cost; a
+The stand-in answers each NVML call in microseconds: the CPU figures are the backend's own cost; a
 real driver adds its call latency per call (multiply the calls by it).
 
 Run: ``python -m benchmarks.health_pass_bench`` (``--quick``: fewer passes and latency samples).
@@ -26,7 +26,7 @@ from agent.core.backend import DEFAULT_HEALTH_INTERVAL, BackendOptions, HealthEv
 from agent.core.clock import SystemClock
 from backends.nvidia import NvidiaBackend
 from backends.nvidia.health import HealthMonitor
-from tests.fakes.fake_pynvml import XID_CRITICAL, FakeGpu, FakeMig, FakeNvml, a100_mig, h100
+from tests.fakes.libnvml import XID_CRITICAL, FakeGpu, FakeMig, LibNvml, a100_mig, h100
 
 
 def h100_node(count: int) -> list[FakeGpu]:
@@ -55,7 +55,7 @@ class _Quiet:
 
 async def per_pass(gpus: Sequence[FakeGpu], passes: int) -> tuple[int, int, float, float]:
     """Devices, NVML calls per pass, CPU ms per pass (median), wall ms per pass (median)."""
-    fake = FakeNvml(gpus)
+    fake = LibNvml(gpus)
     backend = NvidiaBackend(BackendOptions("bench-node"), nvml_module=fake.module)
     await backend.start()
     devices = await backend.discover()
@@ -93,9 +93,9 @@ class _Watch:
 
 
 async def latency(kind: str, samples: int, interval: float) -> list[float]:
-    """Seconds from a fault in the fake NVML to its condition at the sink, on the real clock."""
+    """Seconds from a fault in the stand-in libnvidia-ml to its condition at the sink, on the real clock."""
     gpu = h100(0)
-    fake = FakeNvml([gpu])
+    fake = LibNvml([gpu])
     backend = NvidiaBackend(BackendOptions("bench-node", health_interval=interval), nvml_module=fake.module)
     await backend.start()
     watch = _Watch("xid" if kind == "xid" else "ecc-uncorrectable")
@@ -133,7 +133,10 @@ async def main(quick: bool) -> None:
     print("-" * len(header))
     for name, (devices, calls, cpu_ms, wall_ms) in rows:
         print(f"{name:<12} {devices:>7} {calls:>15} {cpu_ms:>11.2f} {wall_ms:>12.2f}")
-    print(f"({passes} passes each after the first; fake NVML, so driver call latency is not included)\n")
+    print(
+        f"({passes} passes each after the first; pynvml on a stand-in libnvidia-ml, "
+        "so driver call latency is not included)\n"
+    )
 
     interval = DEFAULT_HEALTH_INTERVAL
     samples = 3 if quick else 8
@@ -151,6 +154,8 @@ async def main(quick: bool) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="NVIDIA health pass benchmark (fake NVML)")
+    parser = argparse.ArgumentParser(
+        description="NVIDIA health pass benchmark (pynvml on a stand-in libnvidia-ml)"
+    )
     parser.add_argument("--quick", action="store_true", help="fewer passes and latency samples")
     anyio.run(main, parser.parse_args().quick)

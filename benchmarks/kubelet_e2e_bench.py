@@ -544,6 +544,17 @@ def compile_agent() -> None:
     )
 
 
+def _settled(read: Callable[[], float], quiet: float = 1.0, limit: float = 30.0) -> float:
+    """`read()` once it has not changed for `quiet` seconds (or after `limit`)."""
+    value, since, start = read(), time.monotonic(), time.monotonic()
+    while time.monotonic() - since < quiet and time.monotonic() - start < limit:
+        time.sleep(0.1)
+        now = read()
+        if now != value:
+            value, since = now, time.monotonic()
+    return value
+
+
 class AgentProcess:
     """``dra-agent run`` against the emulator, its sockets under `root`."""
 
@@ -560,6 +571,9 @@ class AgentProcess:
     ) -> None:
         self.root = root
         self.timeline = timeline
+        with socket.socket() as probe:  # a free port, so the bench can read the agent's /metrics
+            probe.bind(("127.0.0.1", 0))
+            self.metrics_port = probe.getsockname()[1]
         # With a timeline, the agent runs through `benchmarks.prepare_timeline` (its marks).
         module = "benchmarks.prepare_timeline" if timeline is not None else "agent.cli"
         self.args = [
@@ -568,7 +582,7 @@ class AgentProcess:
             "--backend", backend,
             "--registry-dir", str(root / "registry"), "--plugins-dir", str(root / "plugins"),
             "--cdi-root", str(cdi_root), "--state-dir", str(state_dir),
-            "--metrics-address", "127.0.0.1:0", "--log-level", "info",
+            "--metrics-address", f"127.0.0.1:{self.metrics_port}", "--log-level", "info",
         ]  # fmt: skip
         self.registration = root / "registry" / f"{DRIVER}-reg.sock"
         self.dra_socket = root / "plugins" / DRIVER / "dra.sock"
@@ -594,6 +608,20 @@ class AgentProcess:
                 raise RuntimeError(f"agent exited: see {self.root / 'agent.log'}")
             time.sleep(0.001)
         return time.perf_counter() - start
+
+    def status_writes(self) -> float:
+        """``dra_agent_claim_status_writes_total`` of every result, from the agent's /metrics."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=10)
+        try:
+            connection.request("GET", "/metrics")
+            text = connection.getresponse().read().decode()
+        finally:
+            connection.close()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("dra_agent_claim_status_writes_total{")
+        )
 
     @property
     def pid(self) -> int:
@@ -719,6 +747,7 @@ def run(
                 for i in range(prepares)
             ]
             prepare, unprepare = [], []
+            writes_before = agent.status_writes()
             with profiled(py_spy, "sequential", agent.pid):
                 before_pairs = cpu_ms(agent.pid)
                 for claim in claims:
@@ -733,6 +762,10 @@ def run(
             # waiting: the disk, the API server, the kubelet, the other threads and processes).
             figures["agent CPU per empty call (ms)"] = empty_cpu / prepares
             figures["agent CPU per prepare + unprepare (ms)"] = pairs_cpu / prepares
+            # The claim status writer runs after the answers: wait for it to be done, then count.
+            paired = _settled(agent.status_writes) - writes_before
+            # A prepare's write and its unprepare's coalesce when the unprepare comes first.
+            figures["claim status writes per prepare + unprepare (sequential)"] = paired / prepares
             figures["empty round trip p50 (ms)"] = pct(empty, 0.5)
             figures["empty round trip p99 (ms)"] = pct(empty, 0.99)
             figures["prepare p50 (ms)"] = pct(prepare, 0.5)
@@ -791,7 +824,10 @@ def run(
             # Rounds 1 and 2 are timed (a second shows whether memory grows per burst); round 3
             # counts the connections: sampling /proc every millisecond takes CPU from the client
             # and the agent on this 2-core machine, so its wall time is shown apart.
+            status_writes = 0.0
             for round_ in (1, 2, 3):
+                if round_ == 3:
+                    status_writes = _settled(agent.status_writes)
                 burst = [
                     api.allocated_claim(f"burst{round_}-{i}", devices[i % len(devices)]) for i in range(BURST)
                 ]
@@ -803,6 +839,12 @@ def run(
                 wall = calls.wall
                 answers = calls.answers
                 errors = sum(1 for a, c in zip(answers, burst, strict=True) if a.claims[c["uid"]].error)
+                if round_ == 3:  # (its wall time is not a figure: a pause here changes none)
+                    writes_before = status_writes
+                    status_writes = _settled(agent.status_writes)
+                    figures["claim status writes per prepare (burst)"] = (
+                        status_writes - writes_before
+                    ) / BURST
                 # As the kubelet unprepares them: one call per pod, all at once.
                 unprepares = Burst(lambda c: kubelet.unprepare_future([c]), burst)
                 errors += sum(
@@ -819,6 +861,8 @@ def run(
                     figures.update(unprepares.figures("second burst of unprepares"))
                     figures["RSS after a second burst (MiB)"] = rss_mib(agent.pid)
                 else:
+                    removed = _settled(agent.status_writes) - status_writes
+                    figures["claim status writes per unprepare (burst)"] = removed / BURST
                     figures["burst TCP connections to the API server (max)"] = max(connections, default=0)
                     figures["burst errors"] += errors
                     figures["third burst wall, sampling /proc every ms (ms)"] = wall * 1000

@@ -1,6 +1,7 @@
-"""NVIDIA backend benchmark against the fake NVML: discovery time and telemetry read time per GPU.
+"""NVIDIA backend benchmark (pynvml on a stand-in libnvidia-ml): discovery time and telemetry read
+time per GPU.
 
-The fake answers each NVML call in microseconds, so these figures are the backend's own cost
+The stand-in answers each NVML call in microseconds, so these figures are the backend's own cost
 (Python, attribute building, validation, worker-thread hops); a real driver adds its call latency
 (to be measured on a GPU machine). Nodes: H100s without MIG, A100s with four MIG devices each.
 
@@ -18,7 +19,7 @@ import anyio
 
 from agent.core.backend import BackendOptions
 from backends.nvidia import NvidiaBackend
-from tests.fakes.fake_pynvml import FakeGpu, FakeNvml, a100_mig, h100
+from tests.fakes.libnvml import FakeGpu, LibNvml, a100_mig, h100
 
 
 def node(kind: str, count: int) -> list[FakeGpu]:
@@ -38,7 +39,7 @@ async def timed(rounds: int, call: Callable[[], Awaitable[object]]) -> tuple[flo
 
 
 async def measure(kind: str, count: int, rounds: int) -> tuple[str, int, int, float, float, float, float]:
-    fake = FakeNvml(node(kind, count))
+    fake = LibNvml(node(kind, count))
     backend = NvidiaBackend(BackendOptions("bench-node"), nvml_module=fake.module)
     await backend.start()
     devices = await backend.discover()
@@ -63,10 +64,10 @@ async def main(quick: bool) -> None:
             f" {d50 / count * 1e6:>6.0f}us {t50 * 1e3:>11.2f}ms {t99 * 1e3:>6.2f}ms"
             f" {t50 / count * 1e6:>6.0f}us"
         )
-    print(f"\n({rounds} rounds each; fake NVML, so driver call latency is not included)")
+    print(f"\n({rounds} rounds each; pynvml on a stand-in libnvidia-ml: no driver call latency)")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="NVIDIA backend benchmark (fake NVML)")
+    parser = argparse.ArgumentParser(description="NVIDIA backend benchmark (stand-in libnvidia-ml)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     anyio.run(main, parser.parse_args().quick)

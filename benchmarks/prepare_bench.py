@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 
 from agent.claims.preparer import ClaimSource
-from agent.claims.state import DeviceState
+from agent.claims.state.machine import DeviceState
 from agent.core.backend import Backend, BackendOptions, ClaimRef
 from agent.core.errors import KubeApiError
 from backends.fake import create_backend

@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from agent.claims.state import DeviceState
+from agent.claims.state.machine import DeviceState
 from agent.core.backend import BackendOptions
 from backends.fake import create_backend
 from benchmarks.prepare_bench import CDI_PARENT, MemoryClaims, ms, ref

@@ -1,7 +1,8 @@
 """The whole agent, end to end: real backends on fake vendor libraries, the API emulator, the kubelet.
 
 These tests run `agent.app.Agent` with the same `AgentParts` as ``dra-agent run``; only the vendor
-libraries (fake ``pynvml`` and ``amdsmi``) and the API server (the emulator over HTTP) are stand-ins.
+libraries (fake ``pynvml``; AMD's real ``amdsmi`` over the stand-in libamd_smi.so) and the API
+server (the emulator over HTTP) are stand-ins.
 The kubelet is played with the official grpcio client over the real unix sockets.
 """
 
@@ -33,8 +34,8 @@ from agent.runner import AgentParts
 from backends.amd.backend import AmdBackend
 from backends.nvidia import NvidiaBackend
 from tests.amd.conftest import make_sysfs
-from tests.fakes.fake_amdsmi import FakeAmdSmi, mi300x
-from tests.fakes.fake_pynvml import XID_CRITICAL, FakeNvml, h100
+from tests.fakes.amd_standin import load, mi300x
+from tests.fakes.libnvml import XID_CRITICAL, LibNvml, h100
 from tests.kubelet.grpc_support import V1, grpcio_protos, grpcio_unary, short_tmp_dir
 from tests.nvidia.conftest import build_sysfs
 
@@ -137,7 +138,7 @@ async def running_agent(root: Path, backends: list[Backend]) -> AsyncIterator[Ru
             yield Running(emu, config, parts)
 
 
-def nvidia_backend(root: Path, nvml: FakeNvml) -> NvidiaBackend:
+def nvidia_backend(root: Path, nvml: LibNvml) -> NvidiaBackend:
     dev = root / "dev"
     dev.mkdir(exist_ok=True)
     for node in ("nvidia0", "nvidiactl"):  # the device nodes the driver would have created
@@ -153,7 +154,7 @@ def nvidia_backend(root: Path, nvml: FakeNvml) -> NvidiaBackend:
 
 
 async def test_nvidia_xid_becomes_a_taint_and_a_claim_is_prepared_over_grpcio(root: Path) -> None:
-    nvml = FakeNvml([h100(0)])
+    nvml = LibNvml([h100(0)])
     backend = nvidia_backend(root, nvml)
     async with running_agent(root, [backend]) as run:
         emu = run.emu
@@ -216,15 +217,14 @@ async def test_amd_reset_taints_the_gpu_and_a_lost_nvidia_gpu_taints_gpu_lost(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gpus = mi300x("spx_nps1", count=2)
-    amdsmi = FakeAmdSmi(gpus)
-    monkeypatch.setitem(sys.modules, "amdsmi", amdsmi)
+    amdsmi = load().configure(gpus)
     amd = AmdBackend(
         BackendOptions(
             NODE, None, {"sysfs-root": str(make_sysfs(root / "amdsys", gpus)), "event-timeout-ms": "20"}
         ),
         clock=SystemClock(),
     )
-    nvml = FakeNvml([h100(0)])
+    nvml = LibNvml([h100(0)])
     nvidia = nvidia_backend(root, nvml)
     async with running_agent(root, [nvidia, amd]) as run:
         emu = run.emu
@@ -294,14 +294,20 @@ def test_run_shuts_down_cleanly_on_sigterm(root: Path) -> None:
     assert not list((root / "plugins").rglob("*.sock"))
 
 
-async def test_demo_sharing_shows_two_mps_shares_of_one_gpu() -> None:
+async def test_demo_sharing_shows_two_mps_shares_of_one_gpu(caplog: pytest.LogCaptureFixture) -> None:
     import io
+    import logging
 
-    report = await run_demo(io.StringIO(), DemoOptions(hold_seconds=1.5, kube_version="1.36", sharing=True))
+    out = io.StringIO()
+    report = await run_demo(out, DemoOptions(hold_seconds=1.5, kube_version="1.36", sharing=True))
     shares = report.shares
     answers = shares["prepare"]["claims"]
     share_ids = {d["shareId"] for a in answers.values() for d in a["devices"]}
     assert len(answers) == 2 and len(share_ids) == 2
+    # Issue 31: the API server takes both claims' status, each entry with its share's ID; no warning.
+    assert {e["shareID"] for entries in shares["status"].values() for e in entries} == share_ids
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "warning" not in out.getvalue().lower()
     limits = sorted(line for lines in shares["env"].values() for line in lines if "PINNED" in line)
     assert [line.rsplit("=", 1)[1] for line in limits] == ["20480M", "30720M"]
     assert shares["daemons"] == 1 and shares["daemon"]["defaultActiveThreadPercentage"] == 50

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.claims import checkpointwrites as checkpoint
+from agent.claims.checkpoint import file as checkpoint
 from benchmarks import prepare_timeline
 
 

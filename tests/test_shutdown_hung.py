@@ -23,21 +23,20 @@ import pytest
 
 from tests.kubelet.grpc_support import short_tmp_dir
 
-# Installs the fake pynvml (an H100) whose telemetry read hangs, then runs `dra-agent run`.
+# Installs pynvml over the stand-in libnvidia-ml (an H100) whose telemetry read hangs, then runs
+# `dra-agent run`.
 LAUNCHER = textwrap.dedent(
     """
-    import sys, threading
+    import sys
     from pathlib import Path
-    from tests.fakes.fake_pynvml import FakeNvml, h100
+    from tests.fakes.libnvml import LibNvml, h100
 
-    fake = FakeNvml([h100(0)])
+    fake = LibNvml([h100(0)])
     marker = Path(sys.argv[1])
-
-    def hung(handle, sensor):
-        marker.write_text("nvmlDeviceGetTemperature")
-        threading.Event().wait()  # a wedged driver: never returns
-
-    fake.module.nvmlDeviceGetTemperature = hung
+    # A wedged driver: the temperature read (either symbol) never returns.
+    fake.hang("nvmlDeviceGetTemperature")
+    fake.hang("nvmlDeviceGetTemperatureV")
+    fake.on_hang = marker.write_text
     sys.modules["pynvml"] = fake.module
     from agent.cli import main
     sys.exit(main(sys.argv[2:]))

@@ -18,7 +18,7 @@ nodes and mounts say what a container has, and a variable is either the same in 
 
 Each spec carries its claim's checkpoint entry as a one-line JSON comment (`RECORD_PREFIX`): a
 comment, because runtimes ignore it and it raises no ``cdiVersion``; the entry, so that a corrupt
-checkpoint can be rebuilt from the specs that survive (`agent.claims.recovery`).
+checkpoint can be rebuilt from the specs that survive (`agent.claims.state.startup`).
 """
 
 from __future__ import annotations

@@ -262,6 +262,41 @@ class PlansPrepare(Protocol):
         ...
 
 
+PreparedStatus = Mapping[str, str | int]
+"""What a backend tells of a device it prepared for a claim (`DescribesPrepared`)."""
+STATUS_UUID = "uuid"
+"""The prepared device's own UUID (a MIG device created at prepare has one only from then on)."""
+STATUS_PARENT_UUID = "parentUUID"
+"""The UUID of the physical GPU a MIG device or partition is part of (the slices' ``parentUUID``)."""
+STATUS_GPU_INSTANCE_ID = "gpuInstanceID"
+"""A MIG device's GPU instance ID (dcgm-exporter's ``GPU_I_ID``)."""
+
+
+@runtime_checkable
+class DescribesPrepared(Protocol):
+    """Optional for a `Backend`: what identifies a device it prepared for a claim, beyond the
+    published `Device`: a MIG device created at prepare (its UUID, GPU and compute instance IDs,
+    profile), a partition's parent GPU.
+
+    The core writes the mapping into the entry of the claim's ``status.devices[].data`` (over the
+    `Device`'s ``uuid``, ``pciBusID``, ``productName`` and ``parent``), and labels the per-pod
+    series with `STATUS_PARENT_UUID` and `STATUS_GPU_INSTANCE_ID`. It is asked after the prepare
+    answered (never in it), at most once per prepared device and claim, and again after a restart:
+    answer from what survives one. An empty mapping when there is nothing beyond the `Device`.
+    """
+
+    async def prepared_status(self, device: str, claim: ClaimRef) -> PreparedStatus:
+        """The identity of `device` as prepared for `claim`; raise `BackendError` when unknown."""
+        ...
+
+
+async def prepared_status(backend: Backend, device: str, claim: ClaimRef) -> PreparedStatus:
+    """`DescribesPrepared.prepared_status` of `backend`, or nothing when it does not describe."""
+    if isinstance(backend, DescribesPrepared):
+        return await backend.prepared_status(device, claim)
+    return {}
+
+
 @runtime_checkable
 class ReportsConditions(Protocol):
     """Optional for a `Backend`: it names the health conditions it can report.

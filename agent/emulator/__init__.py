@@ -4,7 +4,9 @@ It serves core/v1 nodes, namespaces and events, events.k8s.io/v1 events and reso
 resourceslices, resourceclaims (with ``status``), resourceclaimtemplates, deviceclasses and
 devicetaintrules over real HTTP, with the versions a chosen Kubernetes release (1.32 to 1.37)
 serves, the apiserver's validation rules and messages, strict decoding, dry runs, server-side apply,
-resourceVersions, watches, feature gates (with each release's defaults) and fault injection::
+resourceVersions, watches, feature gates (with each release's defaults), bearer-token identities
+held to RBAC-like rules with the per-driver check of claim device status (`agent.emulator.authz`)
+and fault injection::
 
     async with KubeApiEmulator(version="1.34") as emu:
         uid = emu.add_node("node-a")

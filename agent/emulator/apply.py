@@ -5,9 +5,12 @@ What is emulated, after upstream ``staging/src/k8s.io/apiserver/pkg/endpoints/ha
 object creates it (201); each applier's fields are recorded in ``metadata.managedFields``
 (operation ``Apply``, ``FieldsV1``); a field the applier owned and no longer sends is removed
 unless another manager owns it; a field another manager owns with a different value is a 409
-``Conflict`` unless ``force=true``, which takes it over. Maps merge key by key; every list is
-atomic (all resource.k8s.io lists are ``listType=atomic``; ``ownerReferences`` and ``finalizers``,
-which upstream merges by key, are treated as atomic too).
+``Conflict`` unless ``force=true``, which takes it over. Maps merge key by key; a claim's
+``status.devices`` is a list-map (``+listType=map`` keyed by driver, device, pool and shareID,
+staging/src/k8s.io/api/resource/v1/types.go): its items merge by key and are owned field by
+field, so each driver's writer owns its own entries, and an item left with only its keys goes.
+Every other list is atomic (``ownerReferences``, ``finalizers`` and ``reservedFor``, which upstream
+merges by key, are treated as atomic).
 
 Writers that create, update or patch otherwise are ``Update`` managers (structured-merge-diff
 ``Updater.Update``): they own the fields they changed, taken from every other manager, so an
@@ -38,6 +41,8 @@ _IDENTITY: frozenset[Path] = frozenset(
 _SERVER_META = frozenset(
     {"uid", "resourceVersion", "generation", "creationTimestamp", "managedFields", "selfLink"}
 )
+#: List-maps and their key fields (``+listMapKey``); a path names one item as ``k:{...}``.
+LIST_MAPS: dict[Path, tuple[str, ...]] = {("status", "devices"): ("device", "driver", "pool", "shareID")}
 
 
 @dataclass(frozen=True)
@@ -48,13 +53,27 @@ class Applied:
     managed_fields: list[JSON]
 
 
+def item_key(item: JSON, keys: tuple[str, ...]) -> str:
+    """structured-merge-diff's name of a list-map item: ``k:{"device":"gpu-0","driver":...}``."""
+    fields = {k: item[k] for k in keys if item.get(k) is not None}
+    return "k:" + json.dumps(fields, separators=(",", ":"), sort_keys=True)
+
+
+def _is_list_map(prefix: Path, value: Any) -> bool:
+    return prefix in LIST_MAPS and isinstance(value, list) and all(isinstance(i, dict) for i in value)
+
+
 def leaf_paths(obj: Any, prefix: Path = ()) -> set[Path]:
-    """Paths of the fields a configuration sets: maps recurse, lists and scalars are leaves."""
+    """Paths of the fields a configuration sets: maps and list-map items recurse, other lists and
+    scalars are leaves; an empty list-map sets nothing."""
     if isinstance(obj, dict) and obj:
         out: set[Path] = set()
         for key, value in obj.items():
             out |= leaf_paths(value, (*prefix, key))
         return out
+    if _is_list_map(prefix, obj):
+        keys = LIST_MAPS[prefix]
+        return {p for item in obj for p in leaf_paths(item, (*prefix, item_key(item, keys)))}
     return {prefix}
 
 
@@ -77,7 +96,7 @@ def fields_v1(paths: Iterable[Path]) -> JSON:
     for path in sorted(paths):
         node = tree
         for part in path:
-            node = node.setdefault(f"f:{part}", {})
+            node = node.setdefault(part if part.startswith("k:") else f"f:{part}", {})
     return tree
 
 
@@ -91,6 +110,8 @@ def paths_of(tree: Any, prefix: Path = ()) -> set[Path]:
             out.add(prefix)
         elif key.startswith("f:"):
             out |= paths_of(value, (*prefix, key[2:]))
+        elif key.startswith("k:"):
+            out |= paths_of(value, (*prefix, key))
     return out
 
 
@@ -99,34 +120,70 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a[:short] == b[:short]
 
 
+def _find(items: list[Any], at: Path, part: str) -> int | None:
+    """The index of the list-map item `part` names in the list at `at`."""
+    keys = LIST_MAPS.get(at)
+    if keys is None:
+        return None
+    found = (i for i, item in enumerate(items) if isinstance(item, dict) and item_key(item, keys) == part)
+    return next(found, None)
+
+
 def _get(obj: Any, path: Path) -> Any:
-    for part in path:
+    for depth, part in enumerate(path):
+        if isinstance(obj, list) and part.startswith("k:"):
+            index = _find(obj, path[:depth], part)
+            if index is None:
+                return None
+            obj = obj[index]
+            continue
         if not isinstance(obj, dict) or part not in obj:
             return None
         obj = obj[part]
     return obj
 
 
-def _remove(obj: JSON, path: Path) -> None:
-    parents = []
-    node: Any = obj
-    for part in path[:-1]:
-        if not isinstance(node, dict) or part not in node:
+def _remove(obj: Any, path: Path, at: Path = ()) -> None:
+    """Remove the field at `path`; maps it empties go too, as structured-merge-diff prunes them, and
+    so does a list-map item left with only its keys."""
+    part, rest = path[0], path[1:]
+    if isinstance(obj, list):
+        keys = LIST_MAPS.get(at, ())
+        index = _find(obj, at, part)
+        if index is None:
             return
-        parents.append((node, part))
-        node = node[part]
-    if isinstance(node, dict):
-        node.pop(path[-1], None)
-    # Maps emptied by the removal go too, as structured-merge-diff prunes them.
-    for parent, key in reversed(parents):
-        if parent[key] == {}:
-            del parent[key]
+        item = obj[index]
+        if rest and rest[0] not in keys:
+            _remove(item, rest, (*at, part))
+        if not rest or all(k in keys for k in item):
+            del obj[index]
+        return
+    if not isinstance(obj, dict) or part not in obj:
+        return
+    if not rest:
+        del obj[part]
+        return
+    _remove(obj[part], rest, (*at, part))
+    if obj[part] == {} or (obj[part] == [] and (*at, part) in LIST_MAPS):
+        del obj[part]
 
 
-def _merge(target: JSON, config: JSON) -> None:
+def _merge(target: JSON, config: JSON, at: Path = ()) -> None:
     for key, value in config.items():
-        if isinstance(value, dict) and value and isinstance(target.get(key), dict):
-            _merge(target[key], value)
+        path = (*at, key)
+        if _is_list_map(path, value):
+            found = target.get(key)
+            items: list[Any] = found if isinstance(found, list) else []
+            for item in value:
+                index = _find(items, path, item_key(item, LIST_MAPS[path]))
+                if index is None:
+                    items.append(clone(item))
+                else:
+                    _merge(items[index], item, (*path, "k:"))
+            if items:
+                target[key] = items
+        elif isinstance(value, dict) and value and isinstance(target.get(key), dict):
+            _merge(target[key], value, path)
         else:
             target[key] = clone(value)
 

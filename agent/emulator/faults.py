@@ -36,7 +36,8 @@ class Faults:
     """Faults the HTTP front end applies; changing them takes effect on the next request."""
 
     latency: float = 0.0
-    #: Extra latency of one resource's requests (plural -> seconds), e.g. a slow events endpoint.
+    #: Extra latency of one resource's requests (plural, or ``plural/status`` for the subresource
+    #: alone -> seconds), e.g. a slow events endpoint.
     slow: dict[str, float] = field(default_factory=dict)
     rules: list[FailureRule] = field(default_factory=list)
     #: While True, connections are reset (and the port refuses new ones where the server can close it).

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.emulator import slice_rules, validation
+from agent.emulator import authz, slice_rules, validation
 from agent.emulator.apply import Applied, check_config, schema_error
 from agent.emulator.apply import apply as apply_config
 from agent.emulator.apply import update as update_managed
@@ -52,13 +52,15 @@ DEFAULT_GATES: Mapping[str, bool] = {
 #: What changed in 1.36 (upstream ``pkg/features/kube_features.go``): DRAConsumableCapacity,
 #: DRADeviceBindingConditions, DRAPartitionableDevices, DRADeviceTaints and DRAExtendedResource
 #: are beta and on by default; DRAListTypeAttributes is new, alpha and off; DRADeviceTaintRules is
-#: beta but off (its v1beta2 API is off by default).
+#: beta but off (its v1beta2 API is off by default); DRAResourceClaimGranularStatusAuthorization is
+#: new, beta and on (`agent.emulator.authz`).
 _GATES_1_36: Mapping[str, bool] = {
     "DRAPartitionableDevices": True,
     "DRAConsumableCapacity": True,
     "DRADeviceBindingConditions": True,
     "DRAExtendedResource": True,
     "DRADeviceTaintRules": False,
+    "DRAResourceClaimGranularStatusAuthorization": True,
 }
 
 
@@ -111,6 +113,7 @@ def check_gate(release: str, name: str, enabled: bool) -> None:
         raise ValueError(f"cannot set feature gate {name} to {value}, feature is locked to {lock}")
 
 
+GRANULAR_STATUS = "DRAResourceClaimGranularStatusAuthorization"
 _PARTITIONABLE_DEVICE_FIELDS = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
 _BINDING_FIELDS = ("bindsToNode", "bindingConditions", "bindingFailureConditions")
 _NODE_ALLOCATABLE_FIELDS = ("nodeAllocatableResourceMappings", "nodeAllocatableResources")
@@ -167,6 +170,8 @@ class Registry:
         #: ``fieldValidation`` of the current request (Strict, Warn or Ignore) and its warnings.
         self.field_validation = "Warn"
         self.warnings: builtins.list[str] = []
+        self.requester: tuple[authz.Identity, str] | None = None
+        """Who makes the request being served and with which verb (None: the administrator)."""
         #: Keys the current request's JSON body gave twice (``duplicate field`` of the decoder).
         self.duplicate_fields: builtins.list[str] = []
         for name in DEFAULT_NAMESPACES:
@@ -716,6 +721,8 @@ class Registry:
             keep = bool(((old or {}).get("status") or {}).get("devices"))
             if isinstance(status, dict) and not self.gates["DRAResourceClaimDeviceStatus"] and not keep:
                 status.pop("devices", None)
+            if isinstance(status, dict) and not self.gates.get("DRAConsumableCapacity"):
+                _drop_share_ids(status, old)
         elif rtype.plural == "resourceclaimtemplates":
             _default_requests((obj.get("spec") or {}).get("spec"))
         elif rtype.plural == "devicetaintrules":
@@ -852,6 +859,9 @@ class Registry:
         elif rtype.plural == "resourceclaims":
             causes += validation.resource_claim(obj)
             causes += validation.resource_claim_status(obj, old)
+            if old is not None and self.requester is not None and self.gates.get(GRANULAR_STATUS):
+                identity, verb = self.requester
+                causes += authz.device_status(identity, verb, obj["metadata"].get("namespace", ""), obj, old)
             if old is not None and obj.get("spec") != old.get("spec"):
                 causes.append(validation.immutable("spec", "<spec>"))
         elif rtype.plural == "devicetaintrules":
@@ -867,6 +877,28 @@ class Registry:
         if causes:
             name = obj["metadata"].get("name") or obj["metadata"].get("generateName", "")
             raise invalid(rtype.kind, rtype.group, name, causes)
+
+
+def _drop_share_ids(status: JSON, old: JSON | None) -> None:
+    """``dropDisabledDRAResourceClaimConsumableCapacityStatusFields`` (resourceclaim/strategy.go): with
+    DRAConsumableCapacity off, shares are dropped from the status unless the old claim used them."""
+    old_status = (old or {}).get("status") or {}
+    results = ((old_status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    in_use = any("shareID" in r or "consumedCapacity" in r for r in results if isinstance(r, dict))
+    in_use |= any("shareID" in d for d in old_status.get("devices") or [] if isinstance(d, dict))
+    requests = (((old or {}).get("spec") or {}).get("devices") or {}).get("requests") or []
+    in_use |= any("capacity" in (r.get("exactly") or {}) for r in requests if isinstance(r, dict))
+    if in_use:
+        return
+    allocation = status.get("allocation")
+    results = ((allocation.get("devices") or {}).get("results") or []) if isinstance(allocation, dict) else []
+    for result in results:
+        if isinstance(result, dict):
+            result.pop("shareID", None)
+            result.pop("consumedCapacity", None)
+    for entry in status.get("devices") or []:
+        if isinstance(entry, dict):
+            entry.pop("shareID", None)
 
 
 def _managed_base(sent: object, live: builtins.list[JSON]) -> builtins.list[JSON]:

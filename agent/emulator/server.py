@@ -23,6 +23,7 @@ import anyio
 import yaml
 from aiohttp import web
 
+from agent.emulator import authz
 from agent.emulator.errors import ApiError, bad_request, gone
 from agent.emulator.faults import Faults
 from agent.emulator.patch import APPLY
@@ -103,6 +104,8 @@ class KubeApiEmulator:
         self.requests: Counter[tuple[str, str]] = Counter()
         self.request_log = RequestLog()
         """Every request answered, with its time and client (`agent.emulator.requestlog`)."""
+        self.identities: dict[str, authz.Identity] = {}
+        """Bearer token -> who it authenticates (`agent.emulator.authz`); other requests are the admin."""
         self._host = host
         self._port = port
         self._bookmark_interval = bookmark_interval
@@ -118,7 +121,8 @@ class KubeApiEmulator:
     async def __aenter__(self) -> KubeApiEmulator:
         app = web.Application(middlewares=[self._middleware], client_max_size=16 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        # Requests still held (a slow-fault test) get 2 s at exit, not aiohttp's default 60 s.
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -174,14 +178,20 @@ class KubeApiEmulator:
         config.verify_ssl = False
         return config
 
-    def write_kubeconfig(self, path: str | Path) -> Path:
-        """Write a kubeconfig for the emulator (for kubectl and load_kube_config); returns its path."""
+    def add_identity(self, token: str, identity: authz.Identity) -> None:
+        """Authenticate requests bearing `token` as `identity`, held to its rules (`agent.emulator.authz`)."""
+        self.identities[token] = identity
+
+    def write_kubeconfig(self, path: str | Path, token: str = "") -> Path:
+        """Write a kubeconfig for the emulator (for kubectl and load_kube_config); returns its path.
+
+        With `token`, requests carry it as a bearer token (see `add_identity`)."""
         target = Path(path)
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "emulator", "user": {}}],
+            "users": [{"name": "emulator", "user": {"token": token} if token else {}}],
             "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "emulator"}}],
             "current-context": "emulator",
         }
@@ -505,11 +515,15 @@ class KubeApiEmulator:
         self.requests[(verb, label)] += 1
         if verb in _WRITE_VERBS and not query.getall("dryRun", []):
             self.writes[(verb, label)] += 1  # a dry run stores nothing: not a write
-        if self.faults.slow.get(plural, 0.0) > 0:
-            await anyio.sleep(self.faults.slow[plural])
+        slow = self.faults.slow.get(label, 0.0) or self.faults.slow.get(plural, 0.0)
+        if slow > 0:
+            await anyio.sleep(slow)
         injected = self.faults.take(verb, label)
         if injected is not None:
             raise injected
+        identity = self.identities.get(authz.token_of(request.headers))
+        if identity is not None:
+            authz.check(identity, verb, label, group=group, namespace=namespace, name=name)
         if verb == "watch":
             return await self._watch(request, rtype, version, namespace)
         mode = query.get("fieldValidation", "Warn") or "Warn"
@@ -525,12 +539,14 @@ class KubeApiEmulator:
         self.registry.field_validation = mode
         self.registry.warnings = []
         self.registry.duplicate_fields = duplicates
+        self.registry.requester = (identity, verb) if identity is not None else None
         try:
             response = self._call(request, call)
         finally:
             warnings, self.registry.warnings = self.registry.warnings, []
             self.registry.field_validation = "Warn"
             self.registry.duplicate_fields = []
+            self.registry.requester = None
         if warnings:
             response.headers["Warning"] = ", ".join(_warning(w) for w in warnings)
         return response

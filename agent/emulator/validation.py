@@ -613,9 +613,20 @@ def _device_id(entry: JSON) -> tuple[Any, ...]:
     return (entry.get("driver"), entry.get("pool"), entry.get("device"), entry.get("shareID"))
 
 
-def _shown_id(ident: tuple[Any, ...]) -> str:
-    shown = f"{ident[0]}/{ident[1]}/{ident[2]}"
-    return f"{shown}/{ident[3]}" if ident[3] else shown
+@dataclass(frozen=True)
+class _SharedDeviceID:
+    """``structured.SharedDeviceID`` as a field error prints it (Go's JSON of the struct)."""
+
+    ident: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        driver, pool, device, share = self.ident
+        fields = {"Driver": driver, "Pool": pool, "Device": device, "ShareID": share or ""}
+        return json.dumps(fields, separators=(",", ":"))
+
+
+def _shown_id(ident: tuple[Any, ...]) -> _SharedDeviceID:
+    return _SharedDeviceID(ident)
 
 
 _CONDITION_STATUSES = ["False", "True", "Unknown"]
@@ -711,10 +722,10 @@ def resource_claim_status(obj: JSON, old: JSON | None) -> list[Cause]:
         if len(items) > DEVICE_STATUS_MAX_CONDITIONS:
             out.append(too_many(f"{path}.conditions", len(items), DEVICE_STATUS_MAX_CONDITIONS))
         out += conditions(f"{path}.conditions", items)
-        if "data" in entry:
+        if entry.get("data") is not None:  # validateRawExtension on the bytes as sent (JSON null: no data)
             if not isinstance(entry["data"], dict):
                 out.append(invalid(f"{path}.data", "<value omitted>", "must be a valid JSON object"))
-            elif len(json.dumps(entry["data"])) > RAW_MAX_BYTES:
+            elif len(json.dumps(entry["data"], separators=(",", ":"))) > RAW_MAX_BYTES:
                 out.append(too_long(f"{path}.data", RAW_MAX_BYTES))
         network = entry.get("networkData") or {}
         if isinstance(network, dict):

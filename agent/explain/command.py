@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from agent.explain.evaluate import Report
     from agent.explain.sources import Inputs
 
-# The evaluation (CEL: celpy and lark, ~5 MB) is imported when explain runs, not by every
+# The evaluation (agent.core.cel and RE2) is imported when explain runs, not by every
 # `dra-agent run`, whose parser this module helps build.
 
 CONFIG_FIELDS = ("node_name", "kube_mode", "kubeconfig", "state_dir", "cdi_root", "log_level", "log_format")

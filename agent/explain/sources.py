@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import yaml
 
 from agent.claims.cdi import spec_file_name
-from agent.claims.checkpoint import CHECKPOINT_FILE, MAX_CHECKPOINT_BYTES, ClaimPhase, decode
+from agent.claims.checkpoint.format import CHECKPOINT_FILE, MAX_CHECKPOINT_BYTES, ClaimPhase, decode
 from agent.core.boundedfile import MAX_DEPTH, MIB, BoundedFileError, read_bytes, read_text, yaml_depth_exceeds
 from agent.core.errors import KubeApiError
 from agent.explain.evaluate import ExplainError, Placement, allocation_results, requests_of

@@ -8,20 +8,28 @@ at once; a new claim gets its consumers from the kubelet's PodResources API (pod
 per device) or, where the kubelet does not report it (socket absent, older kubelet, container not
 started yet), from the claim's ``reservedFor`` (pod only).
 `run` re-resolves shortly after a change (`SETTLE_SECONDS`) and on an interval, so a pod's
-containers replace the pod-only series once they run.
+containers replace the pod-only series once they run. It also asks each driver's backend, once
+per prepared device, what it prepared (`agent.core.backend.DescribesPrepared`): a MIG device's
+UUID (a dynamic one has none before), its GPU's UUID and its GPU instance ID label the series.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
 
 from agent.claims.preparer import ClaimSource
-from agent.core.backend import ClaimRef
-from agent.core.errors import KubeApiError
+from agent.core.backend import (
+    STATUS_GPU_INSTANCE_ID,
+    STATUS_PARENT_UUID,
+    STATUS_UUID,
+    ClaimRef,
+    PreparedStatus,
+)
+from agent.core.errors import AgentError, KubeApiError
 from agent.core.inventory import Inventory
 from agent.core.logs import log_fields
 from agent.kubelet.podresources import ContainerDevice, PodResourcesUnavailable
@@ -36,6 +44,10 @@ call, the series rebuilt) between a prepare's steps delayed the kubelet's answer
 call); a burst of prepares now costs one refresh."""
 Consumer = tuple[str, str, str]
 """(namespace, pod, container); container is empty when only the pod is known."""
+Describe = Callable[[str, ClaimRef], Awaitable[PreparedStatus]]
+"""A backend's `agent.core.backend.prepared_status`."""
+Identity = tuple[str, str, str]
+"""(UUID, parent GPU's UUID, GPU instance ID) of a prepared device, as its backend tells them."""
 
 
 class DeviceLister(Protocol):
@@ -57,6 +69,7 @@ class WorkloadAttribution:
         pod_resources: DeviceLister | None,
         refresh_seconds: float = REFRESH_SECONDS,
         settle_seconds: float = SETTLE_SECONDS,
+        describe: Mapping[str, Describe] | None = None,
     ) -> None:
         self.series = series
         self.node_name = node_name
@@ -65,6 +78,9 @@ class WorkloadAttribution:
         self.pod_resources = pod_resources
         self.refresh_seconds = refresh_seconds
         self.settle_seconds = settle_seconds
+        self.describe = describe or {}
+        self._identities: dict[tuple[str, str], Identity] = {}
+        """(claim UID, device) -> what its backend said of it (asked once)."""
         self._prepared: dict[str, dict[ClaimRef, tuple[str, ...]]] = {}
         self._consumers: dict[str, dict[str, frozenset[Consumer]]] = {}
         """Claim UID -> device name ('' for every device of the claim) -> consumers."""
@@ -80,7 +96,7 @@ class WorkloadAttribution:
         prepared: Mapping[ClaimRef, tuple[str, ...]],
         unprepared: Collection[ClaimRef],
     ) -> None:
-        """The driver's claims that changed (see `agent.claims.statehooks.PreparedListener`).
+        """The driver's claims that changed (see `agent.claims.state.hooks.PreparedListener`).
 
         Only those claims' series change here: a prepare costs the same with 1 or 500 claims
         prepared on the node.
@@ -92,6 +108,8 @@ class WorkloadAttribution:
             if not self._is_prepared(ref):  # (the claim may have another driver's devices too)
                 self._consumers.pop(ref.uid, None)
                 self._reserved_for.pop(ref.uid, None)
+                for key in [k for k in self._identities if k[0] == ref.uid]:
+                    del self._identities[key]
         for ref, devices in prepared.items():
             claims[ref] = devices
             self._publish(driver, ref)
@@ -120,7 +138,7 @@ class WorkloadAttribution:
         if not refs:
             return
         reported = await self._from_pod_resources()
-        changed = set()
+        changed = await self._identify()
         for ref in refs:
             found = reported.get((ref.namespace, ref.name))
             consumers = found or {"": await self._from_reserved_for(ref)}
@@ -137,6 +155,31 @@ class WorkloadAttribution:
                 republish = [ref for ref in claims if ref in changed]
             for ref in republish:
                 self._publish(driver, ref)
+
+    async def _identify(self) -> set[ClaimRef]:
+        """Ask the backends about the devices prepared since the last time (the claims that changed)."""
+        found: set[ClaimRef] = set()
+        for driver, claims in self._prepared.items():
+            describe = self.describe.get(driver)
+            if describe is None:
+                continue
+            for ref, devices in list(claims.items()):
+                for name in devices:
+                    if (ref.uid, name) in self._identities:
+                        continue
+                    try:
+                        status = await describe(name, ref)
+                    except AgentError as error:  # asked again at the next refresh
+                        log.debug("no prepared status", extra=log_fields(device=name, error=str(error)))
+                        continue
+                    if self._is_prepared(ref):  # (not unprepared while we were asking)
+                        self._identities[(ref.uid, name)] = (
+                            str(status.get(STATUS_UUID, "")),
+                            str(status.get(STATUS_PARENT_UUID, "")),
+                            str(status.get(STATUS_GPU_INSTANCE_ID, "")),
+                        )
+                        found.add(ref)
+        return found
 
     def _is_prepared(self, ref: ClaimRef) -> bool:
         return any(ref in claims for claims in self._prepared.values())
@@ -190,18 +233,21 @@ class WorkloadAttribution:
         for name in self._prepared[driver][ref]:
             users = consumers.get(name) or consumers.get("") or frozenset({(ref.namespace, "", "")})
             device = inventory.device(name) if inventory is not None else None
+            uuid, parent, instance = self._identities.get((ref.uid, name), ("", "", ""))
             for namespace, pod, container in users:
                 allocations.append(
                     Allocation(
                         driver=driver,
                         pool=self.node_name,
                         device=name,
-                        uuid=device.uuid if device else "",
+                        uuid=uuid or (device.uuid if device else ""),
                         pci_bus_id=device.pci_bus_id if device else "",
                         namespace=namespace,
                         pod=pod,
                         container=container,
                         claim=ref.name,
+                        parent_uuid=parent,
+                        gpu_instance_id=instance,
                     )
                 )
         self.series.set_claim(driver, ref.uid, allocations)

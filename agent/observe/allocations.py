@@ -2,10 +2,12 @@
 
 One series per prepared device and consumer, value 1, labelled like the telemetry gauges (``UUID``,
 ``pci_bus_id``) plus ``namespace``, ``pod``, ``container`` and ``claim``, so that
-``<telemetry> * on(UUID) group_left(namespace, pod, container, claim) dra_agent_device_allocation_info``
-gives per-pod figures (dcgm-exporter's series join the same way). The series of a claim are
-replaced as a whole: the count is bounded by the devices and their current consumers, never by
-history.
+``<telemetry> * on(UUID) group_right dra_agent_device_allocation_info`` gives per-pod figures.
+A MIG device also carries its physical GPU's UUID (``parent_UUID``) and GPU instance ID
+(``GPU_I_ID``): dcgm-exporter labels a MIG instance's series with those, so its joins go
+``on(UUID, GPU_I_ID)`` once ``parent_UUID`` is copied into ``UUID`` (README, "Per-pod GPU
+metrics"). The series of a claim are replaced as a whole: the count is bounded by the devices and
+their current consumers, never by history.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class Allocation:
     pod: str
     container: str
     claim: str
+    parent_uuid: str = ""
+    gpu_instance_id: str = ""
 
     def label_values(self) -> tuple[str, ...]:
         """The series' label values, in the order of `agent.observe.metrics.ALLOCATION_LABELS`."""
@@ -38,6 +42,8 @@ class Allocation:
             self.device,
             self.uuid,
             self.pci_bus_id,
+            self.parent_uuid,
+            self.gpu_instance_id,
             self.namespace,
             self.pod,
             self.container,

@@ -26,13 +26,18 @@ ALLOCATION_LABELS = (
     "device",
     "UUID",
     "pci_bus_id",
+    "parent_UUID",
+    "GPU_I_ID",
     "namespace",
     "pod",
     "container",
     "claim",
 )
-"""Labels of ``dra_agent_device_allocation_info``: the device (as in `TELEMETRY_LABELS`), the pod and
-container using it (dcgm-exporter's and AMD's device-metrics-exporter's names) and the claim."""
+"""Labels of ``dra_agent_device_allocation_info``: the device (as in `TELEMETRY_LABELS`; a MIG
+device's own UUID, a dynamic one's once created), the physical GPU's UUID and GPU instance ID
+of a MIG device (empty otherwise; dcgm-exporter labels MIG series with the parent's ``UUID`` and
+``GPU_I_ID``), the pod and container using it (dcgm-exporter's and AMD's device-metrics-exporter's
+names) and the claim."""
 CLAIM_OPERATIONS = ("prepare", "unprepare")
 HEALTH_LABELS = tuple(status.value.lower() for status in HealthStatus)
 """Values of the ``health`` label of `Metrics.devices`: healthy, unhealthy, unknown."""

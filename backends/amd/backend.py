@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -16,6 +18,7 @@ from agent.core.backend import (
     ContainerEdits,
     DeviceTelemetry,
     HealthSink,
+    PreparedStatus,
     PreparePlan,
     UnpreparePlan,
     nothing_to_undo,
@@ -26,6 +29,7 @@ from agent.core.logs import log_fields
 from agent.core.model import Device
 from agent.core.sharing import ConsumableShares, DeviceShare
 from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT, STOP_TIMEOUT
+from backends.amd.binding import check_module, check_pair, import_amdsmi
 from backends.amd.checks import CHECKS
 from backends.amd.discovery import (
     DEFAULT_DRIVER_NAME,
@@ -39,8 +43,9 @@ from backends.amd.discovery import (
 from backends.amd.eccstate import ECC_STATE_FILE, boot_id, load_ecc_counts, save_ecc_counts
 from backends.amd.edits import StatFn, container_edits, read_edits
 from backends.amd.health import CONDITIONS, TRENDS, EccCounts, HealthMemory, HealthMonitor, HealthSettings
+from backends.amd.partitionstatus import partition_status
 from backends.amd.sharingconfig import check_shares
-from backends.amd.smi import SmiLibrary, check_module, describe, handle_key, import_amdsmi, init_error
+from backends.amd.smi import SmiLibrary, describe, handle_key, init_error
 from backends.amd.telemetry import read_telemetry
 
 log = logging.getLogger("agent.backends.amd")
@@ -89,10 +94,6 @@ def settings_from(options: BackendOptions) -> tuple[HealthSettings, str, str]:
         pcie_replay_rate=_positive(settings, "pcie-replay-rate", defaults.pcie_replay_rate),
     )
     return health, settings.get("sysfs-root", "/sys"), settings.get("dev-root", "/dev")
-
-
-def _identity(discovery: Discovery) -> set[tuple[str, int]]:
-    return {(name, handle_key(entry.handle)) for name, entry in discovery.entries.items()}
 
 
 class AmdBackend:
@@ -153,19 +154,26 @@ class AmdBackend:
         check_module(module)
         lib = SmiLibrary(module, self._call_timeout)
 
-        def init(smi: Any) -> None:
+        def init(smi: Any) -> str:
+            version = check_pair(smi)
             try:
                 smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
             except smi.AmdSmiException as error:
                 raise init_error(error) from error
+            return version
 
-        await lib.run(init, "amdsmi_init")
+        version = await lib.run(init, "amdsmi_init")
         self._lib = lib
         if self._ecc_path is not None:
             self._boot = await anyio.to_thread.run_sync(boot_id)
             counts = await anyio.to_thread.run_sync(load_ecc_counts, self._ecc_path, self._boot)
             self._memory = HealthMemory.with_ecc_counts(counts)
-        log.info("amdsmi initialized", extra=log_fields(driver=self._driver))
+        log.info(
+            "amdsmi initialized",
+            extra=log_fields(
+                driver=self._driver, library=version, binding=getattr(module, "__version__", "")
+            ),
+        )
 
     async def stop(self) -> None:
         """Shut amdsmi down (bounded, on no lane a hung call may hold); never raises."""
@@ -186,19 +194,34 @@ class AmdBackend:
                 log.warning("amdsmi shutdown did not finish", extra=log_fields(error=str(error)))
 
     async def discover(self) -> Sequence[Device]:
-        """Read GPUs and partitions now."""
+        """Read GPUs and partitions now.
+
+        amdsmi lists the processors it found at ``amdsmi_init`` until it is shut down: every
+        rediscovery re-initialises it (no other amdsmi call runs meanwhile), so a partition mode
+        change or a GPU back from loss appears without a restart. The handles change with it: the
+        health monitor restarts on the new ones, its held conditions kept (`HealthMemory`).
+        """
         lib = self._library()
         sysfs = self._sysfs
+        again = self._discovered
 
         def read(smi: Any) -> ProcessorScan:
             try:
+                if again:
+                    # NOT_INIT when the last re-init failed (the driver was away): init again anyway.
+                    with contextlib.suppress(smi.AmdSmiException):
+                        smi.amdsmi_shut_down()
+                    smi.amdsmi_init(smi.AmdSmiInitFlags.INIT_AMD_GPUS)
                 return scan_processors(smi, sysfs)
             except smi.AmdSmiException as error:
                 raise BackendError(
                     f"amd backend: listing GPUs failed: {describe(error)}; check 'amd-smi list' on the node"
                 ) from error
 
-        scan = await lib.run(read, "read_processors")
+        if again:
+            scan = await lib.reinit(read, "reinit_and_read_processors")
+        else:
+            scan = await lib.run(read, "read_processors")
         previous = self._discovery
         if scan.listing_lost and not previous.entries:
             raise BackendError(
@@ -206,7 +229,8 @@ class AmdBackend:
             )
         self._discovery = self._keep_lost(previous, scan)
         self._discovered = True
-        if self._devices_changed is not None and _identity(previous) != _identity(self._discovery):
+        # After a re-initialisation every handle the monitor holds is stale: it restarts on the new.
+        if self._devices_changed is not None and again:
             self._devices_changed.set()
         if not self._discovery.devices and not self._logged_empty:
             self._logged_empty = True
@@ -220,7 +244,8 @@ class AmdBackend:
 
     def _keep_lost(self, previous: Discovery, scan: ProcessorScan) -> Discovery:
         """The devices `scan` found, plus the previous devices of GPUs that answered with a lost
-        status: they stay published, and the next health pass reports them ``gpu-lost``."""
+        status, as published (name and attributes) but on the handle amdsmi gives them now: they
+        stay published, and the next health pass reports them ``gpu-lost``."""
         found = build_devices(scan.infos, self._driver, self._warned)
         if scan.listing_lost:
             log.error(
@@ -230,15 +255,30 @@ class AmdBackend:
             kept = dict(previous.entries)
             why = {name: scan.listing_lost for name in kept}
         else:
-            kept = {n: e for n, e in previous.entries.items() if handle_key(e.handle) in scan.lost}
-            why = {name: scan.lost[handle_key(entry.handle)] for name, entry in kept.items()}
-            known = {handle_key(e.handle) for e in previous.entries.values()}
-            for key, error in scan.lost.items():
-                if key not in known:
+            old = {n: e for n, e in previous.entries.items() if e.bdf in scan.lost}
+            # The GPU's first partition keeps serving RAS and resets, on its new handle.
+            primaries = {
+                e.gpu_key: scan.lost[e.bdf][0]
+                for e in old.values()
+                if handle_key(e.handle) == handle_key(e.primary)
+            }
+            kept = {
+                name: dataclasses.replace(
+                    entry,
+                    handle=scan.lost[entry.bdf][0],
+                    primary=primaries.get(entry.gpu_key, scan.lost[entry.bdf][0]),
+                )
+                for name, entry in old.items()
+            }
+            why = {name: scan.lost[entry.bdf][1] for name, entry in kept.items()}
+            known = {e.bdf for e in previous.entries.values()}
+            for bdf, (_, error) in scan.lost.items():
+                if bdf not in known:
                     log.warning(
                         "skipping a GPU that answers with a lost status",
-                        extra=log_fields(handle=key, error=error),
+                        extra=log_fields(pci_bus_id=bdf, error=error),
                     )
+
         if not kept:
             return found
         entries: dict[str, DeviceEntry] = dict(found.entries)
@@ -258,8 +298,8 @@ class AmdBackend:
         if not self._discovered:
             await self.discover()
         while True:
-            # Rediscovery may find other GPUs or partitions (a mode change, a GPU back from
-            # loss): watch the new set from then on.
+            # Each rediscovery re-initialises amdsmi (new handles) and may find other GPUs or
+            # partitions (a mode change, a GPU back from loss): watch the new set from then on.
             changed = self._devices_changed = anyio.Event()
             entries = list(self._discovery.entries.values())
             monitor = HealthMonitor(
@@ -287,6 +327,13 @@ class AmdBackend:
                 except OSError as error:
                     log.warning("cannot save the ECC counts", extra=log_fields(error=str(error)))
             await self._clock.sleep(self._health_settings.poll_interval)
+
+    async def prepared_status(self, device: str, claim: ClaimRef) -> PreparedStatus:
+        """A partition's identity and its GPU's (`DescribesPrepared`)."""
+        found = next((d for d in self._discovery.devices if d.name == device), None)
+        if found is None:
+            raise DeviceNotFoundError(self._driver, device)
+        return partition_status(found)
 
     async def prepare(self, device: str, claim: ClaimRef) -> ContainerEdits:
         """Edits for /dev/kfd and the device's DRM nodes, read from the host now."""

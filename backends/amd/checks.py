@@ -32,6 +32,8 @@ from typing import Any, TypeVar
 from agent.core.logs import log_fields
 from backends.amd.smi import (
     LOST_STATUSES,
+    STATUS_FILE_ERROR,
+    STATUS_INVAL,
     STATUS_NOT_SUPPORTED,
     UNAVAILABLE_STATUSES,
     describe,
@@ -161,22 +163,32 @@ def _ask(smi: Any, name: str, *args: Any, **kwargs: Any) -> Any:
     try:
         return function(*args, **kwargs)
     except smi.AmdSmiException as error:
-        code = error_code(error)
-        if code in LOST_STATUSES:
-            raise GpuGoneError(f"{name}: {describe(error)}") from error
-        if code in UNAVAILABLE_STATUSES:
-            raise CheckUnavailableError(f"{name}: {describe(error)}") from error
-        raise CheckFailedError(f"{name}: {describe(error)}") from error
+        raise _sorted(name, error) from error
+
+
+def _sorted(name: str, error: BaseException) -> CheckError:
+    """The `CheckError` kind of an amdsmi exception from ``smi.<name>``."""
+    code = error_code(error)
+    if code in LOST_STATUSES:
+        return GpuGoneError(f"{name}: {describe(error)}")
+    if code in UNAVAILABLE_STATUSES:
+        return CheckUnavailableError(f"{name}: {describe(error)}")
+    return CheckFailedError(f"{name}: {describe(error)}")
 
 
 def probe(smi: Any, handle: Any) -> str:
-    """Why the GPU is gone, or "" when it answers (any answer but a lost status is an answer)."""
+    """Why the GPU is gone, or "" when it answers (any answer but a lost status is an answer).
+
+    The VRAM usage goes through the DRM ioctl: DRM_ERROR when the GPU is gone. INVAL means amdsmi
+    no longer holds the handle (re-initialised without this GPU): gone too.
+    """
     try:
         _ask(smi, "amdsmi_get_gpu_vram_usage", handle)
     except GpuGoneError as gone:
         return str(gone)
-    except CheckError:
-        pass
+    except CheckError as error:
+        if isinstance(error.__cause__, smi.AmdSmiException) and error_code(error.__cause__) == STATUS_INVAL:
+            return f"amdsmi no longer lists this GPU ({error})"
     return ""
 
 
@@ -207,10 +219,15 @@ def read_ecc(smi: Any, handle: Any) -> tuple[EccReading | None, str]:
         if not isinstance(counts, Mapping):
             continue
         name = block.name.lower()
-        if isinstance(value := counts.get("uncorrectable_count"), int):
-            uncorrectable[name] = value
-        if isinstance(value := counts.get("correctable_count"), int):
-            correctable[name] = value
+        for key, into in (("uncorrectable_count", uncorrectable), ("correctable_count", correctable)):
+            value = counts.get(key)
+            if isinstance(value, int) and value >= 0:
+                into[name] = value
+            elif value is not None:
+                log.warning(
+                    "ECC count is not a count; skipping it",
+                    extra=log_fields(block=block.name, count=key, value=repr(value)),
+                )
     if not uncorrectable:
         return None, "no RAS block reports ECC counts"
     return EccReading(uncorrectable, correctable), ""
@@ -226,8 +243,8 @@ def _page_pending(smi: Any, status: object) -> bool:
 def read_bad_pages(smi: Any, handle: Any, skip: frozenset[str], unavailable: dict[str, str]) -> BadPages:
     """The bad-page records and, where it can be read, the driver's threshold."""
     pages = _ask(smi, "amdsmi_get_gpu_bad_page_info", handle)
-    if not isinstance(pages, list):  # "N/A"
-        raise CheckUnavailableError(f"amdsmi_get_gpu_bad_page_info answered {pages!r}")
+    if not isinstance(pages, list):  # the binding answers a list (empty when none)
+        raise CheckFailedError(f"amdsmi_get_gpu_bad_page_info answered {pages!r}")
     pending = sum(1 for page in pages if isinstance(page, Mapping) and _page_pending(smi, page.get("status")))
     threshold: int | None = None
     if BAD_PAGE_THRESHOLD not in skip:
@@ -236,9 +253,10 @@ def read_bad_pages(smi: Any, handle: Any, skip: frozenset[str], unavailable: dic
         except CheckUnavailableError as error:
             unavailable[BAD_PAGE_THRESHOLD] = str(error)
         else:
+            # An int; without root the call raises NOT_SUPPORTED (debugfs), handled above.
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 threshold = value
-            else:  # "N/A" without root
+            else:
                 unavailable[BAD_PAGE_THRESHOLD] = f"amdsmi_get_gpu_bad_page_threshold answered {value!r}"
     return BadPages(total=len(pages), pending=pending, threshold=threshold)
 
@@ -253,19 +271,40 @@ def _cper_time(text: object) -> float | None:
         return None
 
 
+def _text(value: object) -> str:
+    """CPER ids are ``c_char`` arrays: the binding gives bytes."""
+    if isinstance(value, bytes):
+        return value.rstrip(b"\0").decode("ascii", "replace")
+    return str(value)
+
+
 def read_cper(smi: Any, handle: Any, cursor: int) -> tuple[tuple[CperRecord, ...], int]:
-    """New fatal CPER records since `cursor`, and the new cursor."""
-    entries, cursor, _, _ = _ask(
-        smi, "amdsmi_get_gpu_cper_entries", handle, 1 << CPER_SEV_FATAL, cursor=cursor
-    )
+    """New fatal CPER records since `cursor`, and the new cursor.
+
+    amdsmi 7.0.x answers FILE_ERROR for an empty CPER ring (amd_smi_utils.cc
+    amdsmi_read_cper_file; fixed in AMD SMI 26.5.0): no records, not a failure.
+    """
+    name = "amdsmi_get_gpu_cper_entries"
+    if not hasattr(smi, name):
+        raise CheckUnavailableError(f"the installed amdsmi has no {name}")
+    try:
+        entries, new_cursor, _, _ = smi.amdsmi_get_gpu_cper_entries(
+            handle, 1 << CPER_SEV_FATAL, cursor=cursor
+        )
+    except smi.AmdSmiException as error:
+        if error_code(error) == STATUS_FILE_ERROR:
+            return (), cursor
+        raise _sorted(name, error) from error
     records: list[CperRecord] = []
     for entry in entries.values() if isinstance(entries, Mapping) else ():
         if str(entry.get("error_severity", "")).lower() != "fatal":
             continue
         at = _cper_time(entry.get("timestamp"))
         if at is not None:
-            records.append(CperRecord(at, str(entry.get("notify_type", "")), str(entry.get("record_id", ""))))
-    return tuple(records), cursor
+            records.append(
+                CperRecord(at, _text(entry.get("notify_type", "")), _text(entry.get("record_id", "")))
+            )
+    return tuple(records), new_cursor
 
 
 def read_pcie_replays(smi: Any, handle: Any) -> int:
@@ -273,7 +312,7 @@ def read_pcie_replays(smi: Any, handle: Any) -> int:
     info = _ask(smi, "amdsmi_get_pcie_info", handle)
     metric = info.get("pcie_metric") if isinstance(info, Mapping) else None
     count = metric.get("pcie_replay_count") if isinstance(metric, Mapping) else None
-    if not isinstance(count, int) or isinstance(count, bool):  # "N/A"
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:  # "N/A" (UINT64_MAX)
         raise CheckUnavailableError(f"amdsmi_get_pcie_info has no pcie_replay_count ({count!r})")
     return count
 

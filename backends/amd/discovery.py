@@ -10,10 +10,18 @@ pure and turns that into `Device` values:
   the parent's ``deviceID`` so that ``matchAttribute: gpu.amd.com/deviceID`` keeps partitions
   on one GPU.
 
-A call the GPU does not support leaves that attribute out; it never drops the device. A handle
-whose PCI address read answers with a lost status is reported in `ProcessorScan.lost`: the backend
-keeps the devices it published for it (tainted ``gpu-lost`` by the health pass) instead of
-dropping them.
+A call the GPU does not support leaves that attribute out; it never drops the device. amdsmi
+answers a processor's PCI address, KFD and DRM ids from what it cached at ``amdsmi_init``, so a GPU
+that fell off still lists: it is lost when a call that reaches the device (the DRM ioctl behind
+``asic_info``, the UUID and ``vram_info``) answers with a lost status. Such a processor is reported
+in `ProcessorScan.lost` with its current handle: the backend keeps the devices it published for
+it, names and attributes as they were (tainted ``gpu-lost`` by the health pass).
+
+A value the library should never give (a PCI address that does not parse, a serial that is not
+hex, a partition mode AMD does not define) skips that processor with one line naming the value.
+In-box amdgpu has no version of its own (amdsmi then answers the kernel release): no
+``driverVersion``. Partitions get a UUID only when amdsmi gives each its own (7.0.x gives every
+partition its GPU's).
 """
 
 from __future__ import annotations
@@ -48,6 +56,13 @@ _BDF = re.compile(r"^([0-9a-fA-F]{4,}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7]
 _FAMILY_BY_GFX = {"9": "AI", "10": "NV", "11": "GC_11_0_0", "12": "GC_12_0_0"}
 # SIMDs per CU when KFD topology is unreadable: 4 on GCN/CDNA (gfx9), 2 on RDNA.
 _SIMD_PER_CU_BY_GFX = {"9": 4, "10": 2, "11": 2, "12": 2}
+# amdsmi_compute_partition_type_t and amdsmi_memory_partition_type_t names.
+COMPUTE_PARTITIONS = frozenset({"SPX", "DPX", "TPX", "QPX", "CPX"})
+MEMORY_PARTITIONS = frozenset({"NPS1", "NPS2", "NPS4", "NPS8"})
+# Calls that reach the device through the DRM ioctl (amd_smi_drm.cc): they fail on a lost GPU.
+_DEVICE_CALLS = frozenset(
+    {"amdsmi_get_gpu_asic_info", "amdsmi_get_gpu_device_uuid", "amdsmi_get_gpu_vram_info"}
+)
 
 
 @dataclass(frozen=True)
@@ -126,14 +141,18 @@ class ProcessorScan:
     """One read of every processor handle: what answered, and what answered with a lost status."""
 
     infos: tuple[ProcessorInfo, ...] = ()
-    lost: Mapping[int, str] = field(default_factory=dict)
-    """Handle key -> why, for handles whose PCI address read met a lost status."""
+    lost: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
+    """PCI address -> (handle, why), for processors whose calls to the device met a lost status."""
     listing_lost: str = ""
     """Why listing the handles failed with a lost status (the driver went away); "" when it did not."""
 
 
 class HandleLostError(Exception):
     """A processor handle answered with a status that means its GPU is gone."""
+
+
+class BadValueError(Exception):
+    """The library answered a value it never should (the processor is skipped)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +167,8 @@ class DeviceEntry:
     """The physical GPU (``domain:bus:device``); partitions of one GPU share it."""
     primary: Any
     """The handle of the GPU's first partition (RAS and resets are per physical GPU)."""
+    bdf: str = ""
+    """The processor's PCI address as amdsmi gives it (a partition's has its id in the function)."""
 
 
 @dataclass(frozen=True)
@@ -159,11 +180,19 @@ class Discovery:
 
 
 def _get(smi: Any, device: str, function: str, handle: Any) -> Any:
-    """Call ``smi.<function>(handle)``; an amdsmi error (unsupported, missing) degrades to None."""
+    """Call ``smi.<function>(handle)``; an amdsmi error (unsupported, missing) degrades to None.
+
+    A lost status from a call that reaches the device raises `HandleLostError`; a value the
+    binding cannot convert (``int(serial, 16)`` of a serial that is not hex) `BadValueError`.
+    """
     try:
         return getattr(smi, function)(handle)
     except smi.AmdSmiException as error:
+        if function in _DEVICE_CALLS and is_lost(error):
+            raise HandleLostError(f"{function}: {describe(error)}") from error
         log_degraded(device, function, error)
+    except ValueError as error:
+        raise BadValueError(f"{function} answered a value amdsmi cannot read ({error})") from error
     except AttributeError as error:
         # An older amdsmi without this function: degrade like NOT_SUPPORTED.
         log_degraded(device, function, error)
@@ -196,8 +225,19 @@ def _drm_indices(
     return None
 
 
+def _partition(value: object, known: frozenset[str], what: str) -> str:
+    text = _text(value).upper()
+    if text and text not in known:
+        raise BadValueError(f"{what} {text!r} is none of {', '.join(sorted(known))}")
+    return text
+
+
 def read_processor(smi: Any, handle: Any, sysfs: Sysfs) -> ProcessorInfo | None:
-    """Gather one handle's facts (blocking); None when its PCI address or DRM nodes are unknown."""
+    """Gather one handle's facts (blocking); None when its PCI address or DRM nodes are unknown.
+
+    Raises `HandleLostError` when a call that reaches the device answers with a lost status, and
+    `BadValueError` for a value the library never should answer.
+    """
     try:
         bdf = str(smi.amdsmi_get_gpu_device_bdf(handle)).lower()
     except smi.AmdSmiException as error:
@@ -208,6 +248,8 @@ def read_processor(smi: Any, handle: Any, sysfs: Sysfs) -> ProcessorInfo | None:
             extra=log_fields(handle=handle_key(handle), error=describe(error)),
         )
         return None
+    if not _BDF.match(bdf):
+        raise BadValueError(f"PCI address {bdf!r} does not parse")
     kfd = _get(smi, bdf, "amdsmi_get_gpu_kfd_info", handle)
     kfd_node = _int(kfd.get("node_id")) if isinstance(kfd, Mapping) else None
     indices = _drm_indices(smi, handle, bdf, sysfs, kfd_node)
@@ -224,8 +266,12 @@ def read_processor(smi: Any, handle: Any, sysfs: Sysfs) -> ProcessorInfo | None:
     driver = _get(smi, label, "amdsmi_get_gpu_driver_info", handle) or {}
     vram = _get(smi, label, "amdsmi_get_gpu_vram_info", handle) or {}
     uuid = _get(smi, label, "amdsmi_get_gpu_device_uuid", handle)
-    compute = _get(smi, label, "amdsmi_get_gpu_compute_partition", handle)
-    memory = _get(smi, label, "amdsmi_get_gpu_memory_partition", handle)
+    compute = _partition(
+        _get(smi, label, "amdsmi_get_gpu_compute_partition", handle), COMPUTE_PARTITIONS, "compute partition"
+    )
+    memory = _partition(
+        _get(smi, label, "amdsmi_get_gpu_memory_partition", handle), MEMORY_PARTITIONS, "memory partition"
+    )
     numa = _get(smi, label, "amdsmi_topo_get_numa_node_number", handle)
     gfx = _text(asic.get("target_graphics_version"))
     gfx_major = _gfx_major(gfx)
@@ -236,7 +282,7 @@ def read_processor(smi: Any, handle: Any, sysfs: Sysfs) -> ProcessorInfo | None:
     vram_mb = _int(vram.get("vram_size"))
     partition_id = _int(kfd.get("current_partition_id")) if isinstance(kfd, Mapping) else None
     if partition_id is None:
-        partition_id = int(bdf[-1]) if _BDF.match(bdf) else 0
+        partition_id = int(bdf[-1])
     return ProcessorInfo(
         handle=handle,
         bdf=bdf,
@@ -252,8 +298,8 @@ def read_processor(smi: Any, handle: Any, sysfs: Sysfs) -> ProcessorInfo | None:
         simd_units=simds or None,
         vram_bytes=vram_mb * MIB if vram_mb else None,
         driver_version=_text(driver.get("driver_version")),
-        compute_partition=_text(compute).upper(),
-        memory_partition=_text(memory).upper(),
+        compute_partition=compute,
+        memory_partition=memory,
         partition_id=partition_id,
         numa_node=numa if isinstance(numa, int) and numa >= 0 else None,
         pcie_root=sysfs.pcie_root(_parent_bdf(bdf)),
@@ -263,8 +309,8 @@ def read_processor(smi: Any, handle: Any, sysfs: Sysfs) -> ProcessorInfo | None:
 def scan_processors(smi: Any, sysfs: Sysfs) -> ProcessorScan:
     """Read every AMD GPU processor handle (blocking: run in a worker thread).
 
-    Only the PCI address read, the first call on each handle, decides that a handle is lost: a
-    later call failing (board info unreadable on some boards) only leaves an attribute out.
+    Only the PCI address read and the calls that reach the device decide that a handle is lost: a
+    sysfs read failing (board info unreadable on some boards) only leaves an attribute out.
     """
     try:
         handles = smi.amdsmi_get_processor_handles()
@@ -273,16 +319,30 @@ def scan_processors(smi: Any, sysfs: Sysfs) -> ProcessorScan:
             return ProcessorScan(listing_lost=describe(error))
         raise
     infos: list[ProcessorInfo] = []
-    lost: dict[int, str] = {}
+    lost: dict[str, tuple[Any, str]] = {}
     for handle in handles:
         try:
             info = read_processor(smi, handle, sysfs)
         except HandleLostError as error:
-            lost[handle_key(handle)] = str(error)
+            lost[_bdf_or_key(smi, handle)] = (handle, str(error))
+            continue
+        except BadValueError as error:
+            log.warning(
+                "skipping a GPU: the library answered a bad value",
+                extra=log_fields(handle=handle_key(handle), error=str(error)),
+            )
             continue
         if info is not None:
             infos.append(info)
     return ProcessorScan(tuple(infos), lost)
+
+
+def _bdf_or_key(smi: Any, handle: Any) -> str:
+    """The PCI address amdsmi cached for `handle` (or its handle key when even that fails)."""
+    try:
+        return str(smi.amdsmi_get_gpu_device_bdf(handle)).lower()
+    except smi.AmdSmiException:
+        return f"handle-{handle_key(handle)}"
 
 
 def read_processors(smi: Any, sysfs: Sysfs) -> list[ProcessorInfo]:
@@ -333,6 +393,16 @@ def _profile(info: ProcessorInfo) -> str:
 
 
 def _version(device: str, raw: str, warned: set[str]) -> Version | None:
+    if raw and raw == os.uname().release:
+        # In-box amdgpu has no version file; amdsmi then answers the kernel release
+        # (amd_smi_utils.cc smi_amdgpu_get_driver_version reads /proc/version): not amdgpu's version.
+        if f"{device}/driverVersion" not in warned:
+            warned.add(f"{device}/driverVersion")
+            log.info(
+                "in-box amdgpu (amdsmi answers the kernel release); no driverVersion",
+                extra=log_fields(device=device, kernel=raw),
+            )
+        return None
     if not raw:
         if f"{device}/driverVersion" not in warned:
             warned.add(f"{device}/driverVersion")
@@ -350,7 +420,9 @@ def _version(device: str, raw: str, warned: set[str]) -> Version | None:
         return None
 
 
-def _device(info: ProcessorInfo, parent: ProcessorInfo | None, driver: str, warned: set[str]) -> Device:
+def _device(
+    info: ProcessorInfo, parent: ProcessorInfo | None, driver: str, warned: set[str], uuid: str
+) -> Device:
     name = f"gpu-{info.card}-{info.render}"
     owner = parent or info
     product = _product(info) or _product(owner)
@@ -396,7 +468,7 @@ def _device(info: ProcessorInfo, parent: ProcessorInfo | None, driver: str, warn
         driver=driver,
         attributes=attrs,
         capacity=capacity,
-        uuid=info.uuid,
+        uuid=uuid,
         pci_bus_id=info.bdf,
         product=product,
         parent=f"gpu-{parent.card}-{parent.render}" if parent else "",
@@ -415,14 +487,18 @@ def build_devices(infos: Sequence[ProcessorInfo], driver: str, warned: set[str] 
         members.sort(key=lambda i: (i.partition_id, i.bdf))
         first = members[0]
         partitioned = len(members) > 1
+        # 7.0.x gives every partition its GPU's UUID: a partition's identity is then its PCI
+        # address (partition id in the function), never a UUID it shares.
+        uuids = [m.uuid for m in members]
         for info in members:
-            device = _device(info, first if partitioned else None, driver, warned)
+            uuid = info.uuid if uuids.count(info.uuid) == 1 else ""
+            device = _device(info, first if partitioned else None, driver, warned, uuid)
             if device.name in entries:
                 log.warning("two GPUs share DRM nodes; skipping one", extra=log_fields(device=device.name))
                 continue
             devices.append(device)
             entries[device.name] = DeviceEntry(
-                device.name, info.handle, info.card, info.render, key, first.handle
+                device.name, info.handle, info.card, info.render, key, first.handle, info.bdf
             )
     devices.sort(key=lambda d: (entries[d.name].card, entries[d.name].render))
     return Discovery(tuple(devices), entries)

@@ -2,15 +2,13 @@
 
 Two tasks run side by side until cancelled:
 
-- events: an `AmdSmiEventReader` read with a short timeout in a worker thread (so cancellation
-  waits at most one timeout). GPU pre/post reset -> ``gpu-reset`` (critical), ring hang (where
-  the amdsmi version has it) -> ``ring-hang`` (critical), thermal throttle -> ``thermal-throttle``
-  (info), VM fault -> ``vm-fault`` (info: usually the application's bug, not the GPU's).
+- events (`backends.amd.events`): GPU resets, ring hangs, thermal throttling, VM faults;
 - the health pass, every ``poll-interval`` (default: the agent's ``--health-interval``), over
   every physical GPU (`backends.amd.checks` reads it; `agent.core.backend.PollsHealth`):
 
-  - ``answers``: a GPU that stops answering (a lost status) -> ``gpu-lost`` (critical STATE) until
-    it answers again; so does a lost status that telemetry or rediscovery met (the GPU is then
+  - ``answers``: a GPU whose calls to the device fail with a lost status (DRM_ERROR from the
+    ioctl behind its VRAM usage) -> ``gpu-lost`` (critical STATE) until it answers again; so
+    does a lost status that telemetry or rediscovery met (the GPU is then
     "suspect"), so that no loss goes unreported;
   - ``ecc-uncorrectable``: the uncorrectable count per RAS block rising -> ``ecc-uncorrectable``
     (critical EVENT, the block as value; it recovers after the hold time); RAS unavailable ->
@@ -39,16 +37,13 @@ stopped only once the read in flight has returned.
 
 from __future__ import annotations
 
-import functools
 import logging
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 
 from agent.core.backend import (
     DEFAULT_HEALTH_INTERVAL,
@@ -62,7 +57,7 @@ from agent.core.backend import (
 from agent.core.clock import Clock
 from agent.core.logs import log_fields
 from agent.core.model import Severity
-from agent.core.vendorcall import STOP_TIMEOUT, VendorCallTimeoutError, acquire_when_free
+from agent.core.vendorcall import VendorCallTimeoutError
 from backends.amd.checks import (
     ANSWERS,
     BAD_PAGES,
@@ -78,26 +73,23 @@ from backends.amd.checks import (
     read_gpu,
 )
 from backends.amd.discovery import DeviceEntry
-from backends.amd.smi import STATUS_RETRY, STATUS_TIMEOUT, SmiLibrary, describe, error_code, handle_key
+from backends.amd.events import (
+    EVENT_CONDITIONS,
+    GPU_RESET,
+    RING_HANG,
+    THERMAL_THROTTLE,
+    UNMONITORED,
+    VM_FAULT,
+    EventState,
+    EventWatcher,
+)
+from backends.amd.smi import SmiLibrary
 from backends.amd.trends import RateWindow
 
 log = logging.getLogger("agent.backends.amd")
 
-GPU_RESET = "gpu-reset"
-RING_HANG = "ring-hang"
-VM_FAULT = "vm-fault"
-THERMAL_THROTTLE = "thermal-throttle"
 CPER_FATAL = "cper-fatal"
-UNMONITORED = "unmonitored"
-
-# Event name -> (condition, severity, whole GPU?). Names are AmdSmiEvtNotificationType members.
-EVENT_CONDITIONS: Mapping[str, tuple[str, Severity, bool]] = {
-    "GPU_PRE_RESET": (GPU_RESET, Severity.CRITICAL, True),
-    "GPU_POST_RESET": (GPU_RESET, Severity.CRITICAL, True),
-    "RING_HANG": (RING_HANG, Severity.CRITICAL, True),
-    "THERMAL_THROTTLE": (THERMAL_THROTTLE, Severity.INFO, True),
-    "VMFAULT": (VM_FAULT, Severity.INFO, False),
-}
+__all__ = ["EVENT_CONDITIONS", "HealthMemory", "HealthMonitor", "HealthSettings"]
 TRENDS = (ECC_CORRECTABLE_RATE, PCIE_REPLAY_RATE, XGMI_ERRORS)
 """Conditions that precede failures (the backend's `trend_conditions`): informational."""
 CONDITIONS = (
@@ -156,7 +148,7 @@ class HealthMemory:
     """What outlives one `HealthMonitor`: per physical GPU state, and whether events are unavailable."""
 
     gpus: dict[str, _GpuState] = field(default_factory=dict)
-    events_unmonitored: bool = False
+    events: EventState = field(default_factory=EventState)
     suspects: dict[str, str] = field(default_factory=dict)
     """GPUs another call (telemetry, rediscovery) found gone, with why: the next pass reports them."""
 
@@ -190,51 +182,6 @@ class _Outcome:
     hung: bool = False
 
 
-def _read_gpu(handle: Any, plan: ReadPlan, progress: Progress, smi: Any) -> GpuReading:
-    return read_gpu(smi, handle, plan, progress)
-
-
-def _event_types(smi: Any) -> list[Any]:
-    members = smi.AmdSmiEvtNotificationType.__members__
-    return [members[name] for name in EVENT_CONDITIONS if name in members]
-
-
-def open_readers(smi: Any, handles: Sequence[Any]) -> list[Any]:
-    """One event reader per handle (blocking); raises only when none opens.
-
-    A GPU whose reader fails (lost since discovery) must not blind the others; its loss is
-    reported by polling.
-    """
-    types = _event_types(smi)
-    readers: list[Any] = []
-    first_error: Exception | None = None
-    try:
-        for handle in handles:
-            try:
-                readers.append(smi.AmdSmiEventReader(handle, types))
-            except smi.AmdSmiException as error:
-                first_error = first_error or error
-                log.warning(
-                    "GPU event notification failed for one GPU",
-                    extra=log_fields(handle=handle_key(handle), error=describe(error)),
-                )
-    except BaseException:
-        close_readers(smi, readers)
-        raise
-    if not readers and first_error is not None:
-        raise first_error
-    return readers
-
-
-def close_readers(smi: Any, readers: Sequence[Any]) -> None:
-    """Stop event notification (blocking); never raises."""
-    for reader in readers:
-        try:
-            reader.stop()
-        except Exception as error:
-            log.debug("stopping an event reader failed", extra=log_fields(error=describe(error)))
-
-
 class HealthMonitor:
     """Watches the published devices until cancelled and reports `HealthEvent`s."""
 
@@ -251,16 +198,20 @@ class HealthMonitor:
         self._clock = clock
         self._settings = settings
         self._groups: dict[str, list[DeviceEntry]] = {}
-        self._by_handle: dict[int, DeviceEntry] = {}
         for entry in entries:
             self._groups.setdefault(entry.gpu_key, []).append(entry)
-            self._by_handle[handle_key(entry.handle)] = entry
         self._memory = memory or HealthMemory()
+        self._generation = lib.generation
         self._state = {key: self._memory.gpus.setdefault(key, _GpuState()) for key in self._groups}
-        # Held by the worker thread that reads events; a read cancelled before its thread ran
-        # finds `_closing` set and leaves the readers alone (they may be stopped by then).
-        self._read_lock = threading.Lock()
-        self._closing = False
+        self._events = EventWatcher(
+            lib,
+            self._groups,
+            clock,
+            self._memory.events,
+            self._emit_all,
+            poll_interval=settings.poll_interval,
+            timeout_ms=settings.event_timeout_ms,
+        )
         # The pass's call that hung (its worker thread still holds the health lane).
         self._stuck: Progress | None = None
         self._rate_limits = {
@@ -275,114 +226,12 @@ class HealthMonitor:
             report_alive(sink)
             await self._clock.sleep(self._settings.poll_interval)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._watch_events, sink)
+            tg.start_soon(self._events.run, sink)
             tg.start_soon(self._poll, sink)
-
-    # --- events -------------------------------------------------------------------------
 
     async def _emit_all(self, sink: HealthSink, names: Sequence[str], **kwargs: Any) -> None:
         for name in names:
             await sink(HealthEvent(device=name, **kwargs))
-
-    def _all_names(self) -> list[str]:
-        return [e.name for entries in self._groups.values() for e in entries]
-
-    async def _set_events_unmonitored(self, sink: HealthSink, problem: str | None) -> None:
-        if (problem is not None) == self._memory.events_unmonitored:
-            return
-        self._memory.events_unmonitored = problem is not None
-        if problem is not None:
-            log.warning("GPU event notification unavailable", extra=log_fields(error=problem))
-        await self._emit_all(
-            sink,
-            self._all_names(),
-            condition=UNMONITORED,
-            severity=Severity.WARNING,
-            value="events",
-            message=f"GPU reset/fault events unavailable: {problem}" if problem else "",
-            kind=ConditionKind.STATE,
-            cleared=problem is None,
-        )
-
-    async def _watch_events(self, sink: HealthSink) -> None:
-        handles = [e.handle for e in self._by_handle.values()]
-        while True:
-            try:
-                # On the events lane: a hung open must not hold up the health pass.
-                readers = await self._lib.run_events(
-                    lambda smi: open_readers(smi, handles), self._lib.call_timeout, "open_readers"
-                )
-                break
-            except Exception as error:
-                # Unsupported (a VM guest) or not permitted: try again later, quietly.
-                await self._set_events_unmonitored(sink, describe(error))
-                report_alive(sink)
-                await self._clock.sleep(self._settings.poll_interval)
-        timeout = self._settings.event_timeout_ms
-        bound = timeout / 1000 + self._lib.call_timeout
-        try:
-            while True:
-                try:
-                    # The notification queue is shared by all GPUs: one reader reads every event.
-                    events = await self._lib.run_events(
-                        lambda smi: self._read(readers[0], timeout), bound, "read"
-                    )
-                except Exception as error:
-                    if error_code(error) in (STATUS_TIMEOUT, STATUS_RETRY):
-                        report_alive(sink)
-                        await anyio.lowlevel.checkpoint()
-                        continue
-                    await self._set_events_unmonitored(sink, describe(error))
-                    await self._clock.sleep(self._settings.poll_interval)
-                    continue
-                report_alive(sink)
-                await self._set_events_unmonitored(sink, None)
-                for event in events:
-                    await self._handle_event(event, sink)
-                await anyio.lowlevel.checkpoint()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._close(readers, timeout)
-
-    def _read(self, reader: Any, timeout_ms: int) -> Any:
-        with self._read_lock:
-            return [] if self._closing else reader.read(timeout_ms)
-
-    async def _close(self, readers: Sequence[Any], timeout_ms: int) -> None:
-        """Stop the readers once no read uses them (a cancelled read returns within its timeout)."""
-        self._closing = True
-        if not await acquire_when_free(self._read_lock, timeout_ms / 1000 + 0.25):
-            log.warning("GPU event read did not return; leaving its readers", extra=log_fields())
-            return
-        try:
-            await self._lib.run_unlimited(
-                lambda smi: close_readers(smi, readers), STOP_TIMEOUT, "close_readers"
-            )
-        except VendorCallTimeoutError as error:
-            log.warning("stopping GPU event readers did not finish", extra=log_fields(error=str(error)))
-        finally:
-            self._read_lock.release()
-
-    async def _handle_event(self, event: Mapping[str, Any], sink: HealthSink) -> None:
-        kind = str(event.get("event", ""))
-        mapping = EVENT_CONDITIONS.get(kind)
-        entry = self._by_handle.get(handle_key(event.get("processor_handle")))
-        if mapping is None or entry is None:
-            log.debug("ignoring GPU event", extra=log_fields(event=kind))
-            return
-        condition, severity, whole_gpu = mapping
-        names = [e.name for e in self._groups[entry.gpu_key]] if whole_gpu else [entry.name]
-        message = str(event.get("message", "")).strip()
-        if kind == "GPU_PRE_RESET":
-            message = f"GPU reset started{': ' + message if message else ''}"
-        elif kind == "GPU_POST_RESET":
-            message = f"GPU reset completed{': ' + message if message else ''}"
-        log.log(
-            logging.WARNING if severity >= Severity.WARNING else logging.INFO,
-            "GPU event",
-            extra=log_fields(device=entry.name, event=kind, condition=condition),
-        )
-        await self._emit_all(sink, names, condition=condition, severity=severity, message=message[:200])
 
     # --- the health pass ---------------------------------------------------------------
 
@@ -417,12 +266,16 @@ class HealthMonitor:
         progress = Progress()
         try:
             reading = await self._lib.run_health(
-                functools.partial(_read_gpu, entries[0].primary, plan, progress), "health_pass"
+                self._reader(entries[0].primary, plan, progress), "health_pass"
             )
         except VendorCallTimeoutError as error:
             if suspect:
                 self._memory.suspects.setdefault(key, suspect)
             return _Outcome(looked=False, failed=self._hung_checks(key, progress, error), hung=True)
+        if reading is None:
+            if suspect:
+                self._memory.suspects.setdefault(key, suspect)
+            return _Outcome(looked=False)
         if suspect and not reading.lost:
             # Telemetry or rediscovery met a lost status since the last pass: not a silent loss.
             reading = GpuReading(lost=suspect, cper_cursor=reading.cper_cursor)
@@ -455,6 +308,18 @@ class HealthMonitor:
                 names, state, XGMI_ERRORS, f"the XGMI link reports {status}" if status else "", sink
             )
         return _Outcome(looked=not failed, failed=failed)
+
+    def _reader(self, handle: Any, plan: ReadPlan, progress: Progress) -> Callable[[Any], GpuReading | None]:
+        """The pass's blocking read of one GPU; it answers None when amdsmi was re-initialised since
+        this monitor started (its handles are no longer amdsmi's: the monitor is being replaced)."""
+        lib, generation = self._lib, self._generation
+
+        def read(smi: Any) -> GpuReading | None:
+            if lib.generation != generation:
+                return None
+            return read_gpu(smi, handle, plan, progress)
+
+        return read
 
     def _hung_checks(self, key: str, progress: Progress, error: VendorCallTimeoutError) -> tuple[str, ...]:
         """The checks to report failed for a pass call that did not return (or could not start)."""

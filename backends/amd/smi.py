@@ -1,29 +1,32 @@
 """A thin seam over the `amdsmi` package: lazy import, clear errors, and calls off the event loop.
 
-`amdsmi` loads ROCm's ``libamd_smi.so`` when imported; without it amdsmi 7 raises
-``KeyError('libamd_smi.so')`` (not ImportError). Every call into the library is blocking, so the
+Loading the binding is `backends.amd.binding`'s concern. Every call into the library is blocking, so the
 backend groups its calls into plain functions of the module and runs them in worker threads on
 the lanes of `SmiLibrary` (`agent.core.vendorcall`): discovery and telemetry on one, the health
 monitor's polls and its event reads on lanes of their own, shutdown on none. Each call is
 bounded, so a wedged driver fails a call instead of the agent, and SIGTERM never waits for one.
+Re-initialising the library (`SmiLibrary.reinit`: ``amdsmi_shut_down`` + ``amdsmi_init``, which
+invalidates every handle) waits until no call is running on any lane and holds the others back.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from agent.core.errors import BackendError
 from agent.core.logs import log_fields
-from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT, VendorLane, run_vendor_call
+from agent.core.vendorcall import DEFAULT_CALL_TIMEOUT, VendorCallTimeoutError, VendorLane, run_vendor_call
+from backends.amd.binding import INSTALL_HINT
 
 log = logging.getLogger("agent.backends.amd")
 
 T = TypeVar("T")
 
 # amdsmi_status_t values (amdsmi_wrapper.AMDSMI_STATUS_*); stable across ROCm 6 and 7.
+STATUS_INVAL = 1
 STATUS_NOT_SUPPORTED = 2
 STATUS_NOT_YET_IMPLEMENTED = 3
 STATUS_FAIL_LOAD_MODULE = 4
@@ -37,63 +40,16 @@ STATUS_INIT_ERROR = 18
 STATUS_NOT_FOUND = 31
 STATUS_NOT_INIT = 32
 STATUS_DRIVER_NOT_LOADED = 34
+STATUS_NO_DATA = 40
+STATUS_UNKNOWN_ERROR = 0xFFFFFFFF
 
-# Statuses that mean the GPU (or its driver) went away under us, not that a call is unsupported.
-LOST_STATUSES = frozenset(
-    {STATUS_DRM_ERROR, STATUS_IO, STATUS_FILE_ERROR, STATUS_NOT_FOUND, STATUS_DRIVER_NOT_LOADED}
-)
+# Statuses that mean the GPU (or its driver) went away under us, not that a call is unsupported:
+# the DRM ioctl failing (amd_smi_drm.cc answers DRM_ERROR for any failed ioctl), the device or
+# driver gone. Not FILE_ERROR: 7.0.x answers it for an empty CPER ring of a healthy GPU.
+LOST_STATUSES = frozenset({STATUS_DRM_ERROR, STATUS_IO, STATUS_NOT_FOUND, STATUS_DRIVER_NOT_LOADED})
 # Statuses that mean this GPU (or this agent, without root) cannot answer a call at all: asking
 # again will not help, so a health check that gets one is skipped from then on.
 UNAVAILABLE_STATUSES = frozenset({STATUS_NOT_SUPPORTED, STATUS_NOT_YET_IMPLEMENTED, STATUS_NO_PERM})
-
-# What the backend cannot work without; an amdsmi without these is too old (ROCm < 6.2).
-REQUIRED_NAMES = (
-    "amdsmi_init",
-    "amdsmi_shut_down",
-    "amdsmi_get_processor_handles",
-    "amdsmi_get_gpu_device_bdf",
-    "amdsmi_get_gpu_asic_info",
-    "amdsmi_get_gpu_kfd_info",
-    "AmdSmiEventReader",
-    "AmdSmiEvtNotificationType",
-    "AmdSmiGpuBlock",
-    "AmdSmiInitFlags",
-    "AmdSmiException",
-    "AmdSmiLibraryException",
-)
-
-INSTALL_HINT = (
-    "install ROCm 6.2 or newer on the node (it provides libamd_smi.so and the amdsmi Python package, "
-    "'pip install dra-agent[amd]'), or mount the host's /opt/rocm into the agent's container and set "
-    "LD_LIBRARY_PATH=/opt/rocm/lib"
-)
-
-
-def import_amdsmi(import_module: Callable[[str], Any] = importlib.import_module) -> Any:
-    """Import the `amdsmi` module, or raise `BackendError` saying what to install or mount."""
-    try:
-        return import_module("amdsmi")
-    except KeyError as error:
-        # amdsmi 7 looks the shared library up in a dict of found libraries at import time.
-        missing = error.args[0] if error.args else "libamd_smi.so"
-        raise BackendError(f"amd backend: ROCm library {missing} was not found: {INSTALL_HINT}") from error
-    except ImportError as error:
-        raise BackendError(
-            f"amd backend: the amdsmi Python package cannot be imported ({error}): {INSTALL_HINT}"
-        ) from error
-    except OSError as error:
-        raise BackendError(
-            f"amd backend: libamd_smi.so could not be loaded ({error}): {INSTALL_HINT}"
-        ) from error
-
-
-def check_module(module: Any) -> None:
-    """Raise `BackendError` when `module` lacks a function the backend needs (amdsmi too old)."""
-    missing = [name for name in REQUIRED_NAMES if not hasattr(module, name)]
-    if missing:
-        raise BackendError(
-            f"amd backend: the installed amdsmi is too old (it lacks {', '.join(missing)}): {INSTALL_HINT}"
-        )
 
 
 def error_code(error: BaseException) -> int | None:
@@ -144,6 +100,45 @@ def init_error(error: BaseException) -> BackendError:
     return BackendError(f"amd backend: amdsmi_init failed: {describe(error)}: {fix}")
 
 
+class _Gate:
+    """Calls share the library; a re-initialisation has it alone (it waits for the calls running,
+    and calls arriving meanwhile wait for it)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    def enter(self, bound: float, what: str) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: not self._exclusive and not self._waiting, bound):
+                raise VendorCallTimeoutError(f"vendor call {what} not started: amdsmi is re-initialising")
+            self._running += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
+
+    def enter_alone(self, bound: float) -> None:
+        with self._cond:
+            self._waiting += 1
+            try:
+                if not self._cond.wait_for(lambda: not self._running and not self._exclusive, bound):
+                    raise VendorCallTimeoutError(
+                        f"amdsmi re-initialisation not started: a call has not returned for {bound:g} s"
+                    )
+            finally:
+                self._waiting -= 1
+            self._exclusive = True
+
+    def leave_alone(self) -> None:
+        with self._cond:
+            self._exclusive = False
+            self._cond.notify_all()
+
+
 class SmiLibrary:
     """The loaded `amdsmi` module with ways to run blocking work on it in worker threads."""
 
@@ -153,23 +148,56 @@ class SmiLibrary:
         self._serial = VendorLane(call_timeout)
         self._health = VendorLane(call_timeout)
         self._events = VendorLane(call_timeout)
+        self._gate = _Gate()
+        self.generation = 0
+        """How many times `reinit` re-initialised amdsmi (every handle from before is stale)."""
+
+    def _shared(self, work: Callable[[Any], T], what: str) -> Callable[[Any], T]:
+        """`work`, named `what` for the vendor-call thread and errors, run while no re-init runs."""
+        gate, bound = self._gate, self.call_timeout
+
+        def call(module: Any) -> T:
+            gate.enter(bound, what or "call")
+            try:
+                return work(module)
+            finally:
+                gate.leave()
+
+        call.__name__ = what or getattr(work, "__name__", "call")
+        return call
 
     async def run(self, work: Callable[[Any], T], what: str = "") -> T:
         """Run `work(module)` in a worker thread, one call at a time (discovery, telemetry)."""
-        return await self._serial.run(_named(work, what), self.module)
+        return await self._serial.run(self._shared(work, what), self.module)
 
     async def run_health(self, work: Callable[[Any], T], what: str = "") -> T:
         """Run the health monitor's `work(module)` (RAS polls, event readers) on its own lane."""
-        return await self._health.run(_named(work, what), self.module)
+        return await self._health.run(self._shared(work, what), self.module)
 
     async def run_events(self, work: Callable[[Any], T], bound: float, what: str = "") -> T:
         """Run an event read on its own lane, within `bound` seconds."""
-        return await self._events.run(_named(work, what), self.module, bound=bound)
+        return await self._events.run(self._shared(work, what), self.module, bound=bound)
 
     async def run_unlimited(self, work: Callable[[Any], T], bound: float, what: str = "") -> T:
         """Run `work(module)` in its own worker thread, on no lane (shutdown), within `bound` seconds."""
         named = _named(work, what)
         return await run_vendor_call(named.__name__, named, self.module, bound=bound)
+
+    async def reinit(self, work: Callable[[Any], T], what: str) -> T:
+        """Run `work(module)` (``amdsmi_shut_down`` + ``amdsmi_init``...) on the serial lane with
+        no other amdsmi call running on any lane."""
+        gate, bound = self._gate, self.call_timeout
+
+        def alone(module: Any) -> T:
+            gate.enter_alone(bound)
+            try:
+                self.generation += 1  # before the work: a failed re-init leaves stale handles too
+                return work(module)
+            finally:
+                gate.leave_alone()
+
+        alone.__name__ = what
+        return await self._serial.run(alone, self.module, bound=2 * bound)
 
 
 def _named(work: Callable[[Any], T], what: str) -> Callable[[Any], T]:

@@ -46,7 +46,8 @@ from agent.core.clock import Clock, SystemClock
 from agent.core.errors import ConfigError
 from agent.core.logs import log_fields
 from agent.core.sharing import ConsumableShares
-from backends.fake.backend import FakeBackend, FaultError, PrepareFaults, with_driver
+from backends.fake.backend import FakeBackend, PrepareFaults, with_driver
+from backends.fake.conditions import FaultError
 from backends.fake.faults import FaultInjector
 from backends.fake.profile import load_profile
 

@@ -1,9 +1,8 @@
 """The fake backend: devices from a profile, faults injected at run time, plausible container edits.
 
 `FaultInjector` (`backends.fake.faults`), shared by every `FakeBackend` of one `create_backend`
-call, hands injected faults to the backend's health monitor. Conditions carry the same names,
-severities and kinds as the real backends' (`CONDITIONS`), so the taint policy sees the same shapes
-from the fake as from hardware.
+call, hands injected faults to the backend's health monitor; both take the conditions a fake
+reports (the real backends' names, severities and kinds) from `backends.fake.conditions`.
 
 Prepare fault injection (backend settings, all optional):
 
@@ -26,7 +25,6 @@ import importlib
 import logging
 import math
 import random
-import re
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -39,12 +37,12 @@ import anyio
 from agent.core.backend import (
     DEFAULT_HEALTH_INTERVAL,
     ClaimRef,
-    ConditionKind,
     ContainerEdits,
     DeviceTelemetry,
     HealthEvent,
     HealthSink,
     Mount,
+    PreparedStatus,
     PreparePlan,
     UnpreparePlan,
     report_alive,
@@ -53,10 +51,11 @@ from agent.core.backend import (
 from agent.core.clock import Clock, SystemClock
 from agent.core.errors import BackendError, DeviceNotFoundError
 from agent.core.logs import log_fields
-from agent.core.model import Device, Severity
+from agent.core.model import Device
 from agent.core.sharing import ConsumableShares, DeviceShare, merge_edits
 from backends.amd.sharingconfig import check_shares
 from backends.fake import devicefile
+from backends.fake.conditions import CONDITIONS, ActiveFault, FaultError
 
 if TYPE_CHECKING:
     from backends.fake.dynamicmig import FakeDynamicMig
@@ -65,38 +64,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agent.fake")
 
-CONDITIONS: dict[str, tuple[Severity, ConditionKind]] = {
-    # NVIDIA
-    "xid": (Severity.CRITICAL, ConditionKind.EVENT),
-    "gpu-lost": (Severity.CRITICAL, ConditionKind.STATE),
-    "ecc-uncorrectable": (Severity.CRITICAL, ConditionKind.EVENT),
-    "unmonitored": (Severity.INFO, ConditionKind.STATE),
-    # AMD
-    "gpu-reset": (Severity.CRITICAL, ConditionKind.EVENT),
-    "ring-hang": (Severity.CRITICAL, ConditionKind.EVENT),
-    "thermal-throttle": (Severity.INFO, ConditionKind.EVENT),
-}
-"""Condition -> (default severity, kind), as the NVIDIA and AMD backends report them."""
-
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-"""XIDs caused by the application, not the GPU: informational by default."""
-
-UNKNOWN_CONDITION = (Severity.WARNING, ConditionKind.EVENT)
 MAX_QUEUED_EVENTS = 100_000
 ALIVE_INTERVAL_SECONDS = 5.0  # how often an idle monitor says it still runs
-_CONDITION_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-
-
-class FaultError(BackendError):
-    """A fault-injection request cannot be carried out (unknown device, bad condition...)."""
-
-
-def condition_defaults(condition: str, value: str) -> tuple[Severity, ConditionKind]:
-    """The severity and kind a real backend would report for `condition` with `value`."""
-    severity, kind = CONDITIONS.get(condition, UNKNOWN_CONDITION)
-    if condition == "xid" and value.isdigit() and int(value) in APPLICATION_XIDS:
-        severity = Severity.INFO
-    return severity, kind
 
 
 @dataclass(frozen=True)
@@ -108,19 +77,6 @@ class PrepareFaults:
     fail_rate: float = 0.0
     latency: float = 0.0
     seed: int = 0
-
-
-@dataclass
-class ActiveFault:
-    """A condition injected and not yet recovered."""
-
-    device: str
-    condition: str
-    value: str
-    severity: Severity
-    kind: ConditionKind
-    since: float
-    count: int = 1
 
 
 class FakeBackend:
@@ -303,6 +259,17 @@ class FakeBackend:
         if self._device_files is None:
             return work()  # nothing blocking to do
         return await anyio.to_thread.run_sync(work)
+
+    async def prepared_status(self, device: str, claim: ClaimRef) -> PreparedStatus:
+        """As the vendor backends say it (`DescribesPrepared`): MIG devices, partitions."""
+        from backends.fake.preparedstatus import created_mig_status, device_status  # NVIDIA/AMD tables
+
+        found = self._devices.get(device)
+        if found is None:
+            raise DeviceNotFoundError(self._driver, device)
+        if self._partitions is not None and device in self._partitions.placements:
+            return created_mig_status(self._partitions.placements[device], claim.uid)
+        return device_status(found)
 
     def plan_prepare(self, device: str, claim: ClaimRef) -> PreparePlan | None:
         """`prepare` as a check and the device file's write (`PlansPrepare`); None with latency or MIG."""

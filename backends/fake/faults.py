@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import anyio
 
 from agent.core.backend import ConditionKind, HealthEvent
 from agent.core.clock import Clock, SystemClock
 from agent.core.model import Severity
-from backends.fake.backend import _CONDITION_NAME, ActiveFault, FaultError, condition_defaults
-
-if TYPE_CHECKING:
-    from backends.fake.backend import FakeBackend
+from backends.fake.conditions import CONDITION_NAME, ActiveFault, FaultError, FaultTarget, condition_defaults
 
 
 @dataclass
@@ -25,16 +21,16 @@ class FaultInjector:
 
     clock: Clock = field(default_factory=SystemClock)
     control_path: str = ""
-    backends: dict[str, FakeBackend] = field(default_factory=dict)
+    backends: dict[str, FaultTarget] = field(default_factory=dict)
     _serving: bool = field(default=False, init=False)
     _serving_done: anyio.Event | None = field(default=None, init=False)
 
-    def add(self, backend: FakeBackend) -> None:
+    def add(self, backend: FaultTarget) -> None:
         self.backends[backend.driver_name] = backend
 
     # -- lookup -------------------------------------------------------------------------------
 
-    def find(self, device: str, driver: str | None = None) -> FakeBackend:
+    def find(self, device: str, driver: str | None = None) -> FaultTarget:
         """The backend that has `device`, or `FaultError` saying what to do."""
         if driver is not None:
             backend = self.backends.get(driver)
@@ -87,7 +83,7 @@ class FaultInjector:
         message: str = "",
     ) -> list[str]:
         """Synchronous `inject` (cheap enough for storms of thousands per second)."""
-        if not _CONDITION_NAME.match(condition):
+        if not CONDITION_NAME.match(condition):
             raise FaultError(
                 f"condition {condition!r} must be lower-case letters, digits and '-' (e.g. xid, gpu-lost)"
             )

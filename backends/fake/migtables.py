@@ -1,8 +1,8 @@
 """What NVML reports for the MIG profiles of A100-40GB, A100-80GB and H100-80GB.
 
 From NVIDIA's MIG user guide ("Supported MIG Profiles": slices, memory, engines, placements).
-The fake backend's ``dynamic-mig=true`` and the tests' fake `pynvml` both read these tables, so
-the two fakes describe the same hardware. Keys are NVML's GPU-instance profile *index*
+The fake backend's ``dynamic-mig=true`` and the tests' stand-in libnvidia-ml both read these
+tables, so the two describe the same hardware. Keys are NVML's GPU-instance profile *index*
 (``NVML_GPU_INSTANCE_PROFILE_1_SLICE`` = 0, ``..._2_SLICE`` = 1, ``..._3_SLICE`` = 2,
 ``..._4_SLICE`` = 3, ``..._7_SLICE`` = 4, ``..._1_SLICE_REV1`` (+me) = 7, ``..._1_SLICE_REV2`` = 9).
 """

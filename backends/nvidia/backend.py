@@ -20,6 +20,7 @@ from agent.core.backend import (
     ContainerEdits,
     DeviceTelemetry,
     HealthSink,
+    PreparedStatus,
     PreparePlan,
     UnpreparePlan,
     nothing_to_undo,
@@ -52,13 +53,15 @@ from backends.nvidia.edits import (
     resolve_dev_dir,
     toolkit_edits,
 )
-from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState, XidPolicy
+from backends.nvidia.health import CONDITIONS, HealthMonitor, HealthState
 from backends.nvidia.migjournal import MigJournal
+from backends.nvidia.migstatus import static_mig_status
 from backends.nvidia.mps import CONTROL_PROGRAM, ControlProgram, MpsDaemons, MpsProgram, ShmMounter
 from backends.nvidia.nvml import Nvml, load_pynvml
 from backends.nvidia.sharing import DeviceFacts, GpuPolicy, NvSharingManager, SmiGpuPolicy, facts_of
 from backends.nvidia.telemetry import read_telemetry_sync
 from backends.nvidia.toolkitspec import ToolkitDevices, ToolkitSpecReader
+from backends.nvidia.xids import XidPolicy
 
 log = logging.getLogger("agent.backends.nvidia")
 
@@ -431,6 +434,13 @@ class NvidiaBackend:
         self._prepared[key] = edits
         self._log_prepared(device, claim)
         return edits
+
+    async def prepared_status(self, device: str, claim: ClaimRef) -> PreparedStatus:
+        """A MIG device's identity (`DescribesPrepared`): static, or created for the claim."""
+        placement = self._dynamic.placements.get(device) if self._dynamic is not None else None
+        if self._dynamic is not None and placement is not None:
+            return await self._dynamic.status_of(placement, claim.uid)
+        return static_mig_status(self._device(device))
 
     def plan_prepare(self, device: str, claim: ClaimRef) -> PreparePlan | None:
         """`prepare` of a whole GPU or static MIG device: file reads only, run in the core's hop.

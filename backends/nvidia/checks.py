@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.core.errors import ConfigError
+from backends.nvidia.lostgpu import fresh_handle
 from backends.nvidia.nvml import Nvml, text
 
 # Check names (`PollsHealth.health_checks`).
@@ -227,6 +228,8 @@ class GpuAsk:
     """Another call met GPU_IS_LOST on it: look it up afresh by UUID."""
     links: tuple[int, ...] | None = None
     """The active NVLinks as a recent pass found them; None: ask each link's state."""
+    index: int = -1
+    """The GPU's NVML index (a suspect is asked by it when the UUID lookup answers for another GPU)."""
 
 
 class _Lost(Exception):
@@ -269,7 +272,7 @@ def _read(nvml: Nvml, ask: GpuAsk, reading: GpuReading) -> None:
     if ask.suspect:
         # Another call met GPU_IS_LOST: ask NVML afresh (a stale handle may still answer).
         try:
-            handle = reading.handle = lib.nvmlDeviceGetHandleByUUID(uuid)
+            handle = reading.handle = fresh_handle(nvml, uuid, ask.index, handle)
         except Exception as error:
             if nvml.is_error(error) and nvml.is_not_found(error):
                 reading.lost = f"{ANSWERS}: no GPU with this UUID any more: {error}"
@@ -278,7 +281,7 @@ def _read(nvml: Nvml, ask: GpuAsk, reading: GpuReading) -> None:
     found = _call(nvml, reading, ANSWERS, lib.nvmlDeviceGetUUID, handle)
     if found is not None and text(found) != uuid:
         reading.failed[ANSWERS] = f"the handle answers for {text(found)}, not {uuid}"
-    volatile = int(getattr(lib, "NVML_VOLATILE_ECC", 1))
+    volatile = int(getattr(lib, "NVML_VOLATILE_ECC", 0))  # nvml.h nvmlEccCounterType_t: VOLATILE = 0
     if ECC_UNCORRECTABLE_CHECK not in skip:
         reading.current = ECC_UNCORRECTABLE_CHECK
         uncorrected = int(getattr(lib, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1))

@@ -195,9 +195,32 @@ def mig_profile_name(
     fraction = memory_mib * MIB / total_memory_bytes if total_memory_bytes else 0.0
     fraction = math.ceil(fraction * 8) / 8
     total_gb = (total_memory_bytes + 1024**3 - 1) // 1024**3
-    gb = round(fraction * total_gb)
+    gb = math.floor(fraction * total_gb + 0.5)  # Go's math.Round (half away from zero), not round()
     base = f"{gi_slices}g.{gb}gb{suffix}"
     return base if ci_slices in (0, gi_slices) else f"{ci_slices}c.{base}"
+
+
+# nvml.h:12525-12549: GPU instance profile index -> the suffix NVIDIA's name gives it (go-nvlib
+# pkg/nvlib/device/mig_profile.go names by index: REV1 "+me", ALL_ME "+me.all", GFX "+gfx", NO_ME
+# "-me"). The driver's own profile name is not parsed: "+me.all" contains "+me". 0x11 (3_SLICE_GFX,
+# "gfx + media capable") is newer than go-nvlib's table: named "+gfx" after its nvml.h name.
+PROFILE_SUFFIXES = {
+    0x07: "+me",
+    0x08: "+me",
+    0x0A: "+gfx",
+    0x0B: "+gfx",
+    0x0C: "+gfx",
+    0x0D: "-me",
+    0x0E: "-me",
+    0x0F: "+me.all",
+    0x10: "+me.all",
+    0x11: "+gfx",
+}
+
+
+def profile_suffix(profile_index: int) -> str:
+    """The name suffix of GPU instance profile `profile_index` (``NVML_GPU_INSTANCE_PROFILE_*``)."""
+    return PROFILE_SUFFIXES.get(profile_index, "")
 
 
 def mig_device_name(minor: int, profile: str, gi_profile_id: int, placement_start: int) -> str:
@@ -365,10 +388,10 @@ def _whole_gpu(driver: str, gpu: GpuInfo, common: dict[str, AttributeValue], tot
     return NvDevice(device, gpu)
 
 
-def _profile_infos(nvml: Nvml, handle: Any) -> dict[int, Any]:
-    """GPU instance profile infos by profile ID (read-only queries)."""
+def _profile_infos(nvml: Nvml, handle: Any) -> dict[int, tuple[int, Any]]:
+    """(profile index, GPU instance profile info) by profile ID (read-only queries)."""
     lib = nvml.lib
-    infos: dict[int, Any] = {}
+    infos: dict[int, tuple[int, Any]] = {}
     version = 2
     for profile in range(int(getattr(lib, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
         try:
@@ -387,7 +410,7 @@ def _profile_infos(nvml: Nvml, handle: Any) -> dict[int, Any]:
                 continue
             else:
                 raise
-        infos[int(info.id)] = info
+        infos[int(info.id)] = (profile, info)
     return infos
 
 
@@ -460,7 +483,7 @@ def _mig_device(
     handle: Any,
     common: dict[str, AttributeValue],
     total_memory: int,
-    profiles: dict[int, Any],
+    profiles: dict[int, tuple[int, Any]],
 ) -> NvDevice:
     lib = nvml.lib
     uuid = text(lib.nvmlDeviceGetUUID(handle))
@@ -469,13 +492,14 @@ def _mig_device(
     gi_info = lib.nvmlGpuInstanceGetInfo(lib.nvmlDeviceGetGpuInstanceById(gpu.handle, gi_id))
     profile_id = int(gi_info.profileId)
     start, size = int(gi_info.placement.start), int(gi_info.placement.size)
-    profile_info = profiles.get(profile_id)
-    if profile_info is None:
+    found = profiles.get(profile_id)
+    if found is None:
         raise LookupError(f"NVML lists no GPU instance profile {profile_id}")
+    profile_index, profile_info = found
     attributes = nvml.optional("nvmlDeviceGetAttributes", lib.nvmlDeviceGetAttributes, handle)
     gi_slices = int(profile_info.sliceCount)
     ci_slices = int(attributes.computeInstanceSliceCount) if attributes is not None else gi_slices
-    suffix = "+me" if "+me" in text(getattr(profile_info, "name", b"") or b"") else ""
+    suffix = profile_suffix(profile_index)
     profile = mig_profile_name(gi_slices, ci_slices, int(profile_info.memorySizeMB), total_memory, suffix)
     name = mig_device_name(gpu.minor, profile, profile_id, start)
     mig = MigInfo(uuid, handle, gi_id, ci_id, profile, profile_id, start, size)

@@ -15,12 +15,14 @@ All NVML calls here are blocking and run in a worker thread through `Nvml.run`.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio.to_thread
 
+from agent.core.backend import PreparedStatus
 from agent.core.errors import BackendError
 from agent.core.logs import log_fields
 from backends.nvidia.discovery import GpuInfo, MigInfo, NvDevice
@@ -34,6 +36,7 @@ from backends.nvidia.migjournal import (
     MigJournal,
 )
 from backends.nvidia.migprofiles import MigLayout, PlacementDevice, dynamic_devices, read_layout
+from backends.nvidia.migstatus import mig_status
 from backends.nvidia.nvml import Nvml, text
 
 log = logging.getLogger("agent.backends.nvidia")
@@ -214,6 +217,19 @@ class DynamicMig:
         )
         return result
 
+    async def status_of(self, placement: PlacementDevice, claim_uid: str) -> PreparedStatus:
+        """The MIG device created for a claim, from the journal (`DescribesPrepared`)."""
+        entry = await anyio.to_thread.run_sync(self.journal.get, claim_uid, placement.name)
+        if entry is None or entry.step != PREPARED:
+            raise DynamicMigError(f"NVIDIA dynamic MIG: no MIG device created for {placement.name}")
+        return mig_status(
+            mig_uuid=entry.mig_uuid,
+            parent_uuid=entry.gpu_uuid,
+            gi_id=entry.gi_id,
+            ci_id=entry.ci_id,
+            profile=placement.profile.name,
+        )
+
     async def unprepare(self, placement_name: str, claim_uid: str, handles: dict[str, Any]) -> None:
         """Destroy the claim's MIG device (compute instance, then GPU instance); gone already is fine.
 
@@ -269,6 +285,13 @@ class DynamicMig:
 
     def _create_sync(self, placement: PlacementDevice, claim_uid: str, gpu: GpuInfo) -> MigEntry:
         lib = self._lib
+        try:
+            preexisting = tuple(sorted(self._gpu_instances(gpu.handle)))
+        except Exception as error:
+            # nvml.h: NOT_SUPPORTED once the GPU left MIG mode; nothing was created yet.
+            if not self._nvml.is_error(error):
+                raise
+            raise self._fail("list the GPU instances", placement, error) from error
         entry = MigEntry(
             claim_uid=claim_uid,
             device=placement.name,
@@ -277,14 +300,17 @@ class DynamicMig:
             start=placement.placement.start,
             size=placement.placement.size,
             step=CREATING_GI,
-            preexisting_gis=tuple(sorted(self._gpu_instances(gpu.handle))),
+            preexisting_gis=preexisting,
         )
         self.journal.put(entry)
         where = lib.c_nvmlGpuInstancePlacement_t()
         where.start, where.size = placement.placement.start, placement.placement.size
         try:
+            # nvml.h:13016 takes `const nvmlGpuInstancePlacement_t *` and pynvml sets no argtypes:
+            # without byref ctypes passes the structure by value and the library reads a wild
+            # pointer (the agent dies with SIGSEGV instead of getting an NVML error).
             instance = lib.nvmlDeviceCreateGpuInstanceWithPlacement(
-                gpu.handle, placement.profile.profile_id, where
+                gpu.handle, placement.profile.profile_id, ctypes.byref(where)
             )
         except Exception as error:
             self.journal.remove(entry)
@@ -303,26 +329,16 @@ class DynamicMig:
             self._rollback_sync(gpu.handle, entry)
             raise self._fail("create the compute instance", placement, error) from error
         try:
-            ci_id = int(lib.nvmlComputeInstanceGetInfo(compute).id)
-            entry = entry.at(CI_CREATED, ci_id=ci_id, mig_uuid=self._mig_uuid(gpu.handle, gi_id, ci_id))
+            # The compute instance's info carries its MIG device handle (nvml.h:12757-12764), as
+            # NVIDIA's driver reads it: walking every MIG slot takes seconds on a loaded GPU.
+            info = lib.nvmlComputeInstanceGetInfo(compute)
+            mig_uuid = text(lib.nvmlDeviceGetUUID(info.device))
+            entry = entry.at(CI_CREATED, ci_id=int(info.id), mig_uuid=mig_uuid)
             self.journal.put(entry)
         except Exception as error:
             self._rollback_sync(gpu.handle, entry)
             raise self._fail("read the new MIG device", placement, error) from error
         return entry
-
-    def _mig_uuid(self, handle: Any, gi_id: int, ci_id: int) -> str:
-        lib = self._lib
-        for slot in range(int(lib.nvmlDeviceGetMaxMigDeviceCount(handle))):
-            mig = self._call_or_none(lib.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
-            if mig is None:
-                continue
-            if (
-                int(lib.nvmlDeviceGetGpuInstanceId(mig)) == gi_id
-                and int(lib.nvmlDeviceGetComputeInstanceId(mig)) == ci_id
-            ):
-                return text(lib.nvmlDeviceGetUUID(mig))
-        raise LookupError(f"NVML lists no MIG device for GPU instance {gi_id}, compute instance {ci_id}")
 
     def _rollback_sync(self, handle: Any, entry: MigEntry) -> None:
         try:

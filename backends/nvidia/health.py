@@ -45,9 +45,8 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -62,7 +61,6 @@ from agent.core.backend import (
     report_pass,
 )
 from agent.core.clock import Clock
-from agent.core.errors import ConfigError
 from agent.core.logs import log_fields
 from agent.core.model import Severity
 from agent.core.vendorcall import STOP_TIMEOUT, VendorCallTimeoutError, acquire_when_free
@@ -81,12 +79,11 @@ from backends.nvidia.checks import (
 )
 from backends.nvidia.discovery import INVALID_INSTANCE_ID, GpuInfo, NvDevice
 from backends.nvidia.healthpass import ECC_UNCORRECTABLE, PassResults
+from backends.nvidia.lostgpu import fresh_handle, lost_answer
 from backends.nvidia.nvml import Nvml, text
+from backends.nvidia.xids import XidPolicy
 
 log = logging.getLogger("agent.backends.nvidia.health")
-
-# XIDs caused by the application (illegal address, MMU fault in user code, ...), not the GPU.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 XID = "xid"
 GPU_LOST = "gpu-lost"
@@ -94,34 +91,6 @@ UNMONITORED = "unmonitored"
 ECC_CORRECTABLE = "ecc-correctable"
 CONDITIONS = (XID, GPU_LOST, UNMONITORED, ECC_UNCORRECTABLE, ECC_CORRECTABLE, *PASS_CONDITIONS)
 """Every condition this monitor reports (the backend's `health_conditions`)."""
-
-
-def parse_xids(option: str, value: str) -> frozenset[int]:
-    """``"79+94"``, ``"79,94"`` or ``"79 94"`` -> {79, 94} (use ``+`` inside ``--backend``)."""
-    items = [p for p in re.split(r"[,+\s|/]+", value.strip()) if p]
-    try:
-        xids = frozenset(int(p) for p in items)
-    except ValueError as error:
-        raise ConfigError(option, value, "XID numbers separated by '+' or ',' such as 79+94") from error
-    if any(x < 0 for x in xids):
-        raise ConfigError(option, value, "non-negative XID numbers")
-    return xids
-
-
-@dataclass(frozen=True)
-class XidPolicy:
-    """Which XIDs are informational (application errors) rather than critical."""
-
-    informational: frozenset[int] = APPLICATION_XIDS
-
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, str]) -> XidPolicy:
-        ignored = parse_xids("ignored-xids", settings.get("ignored-xids", ""))
-        critical = parse_xids("critical-xids", settings.get("critical-xids", ""))
-        return cls((APPLICATION_XIDS | ignored) - critical)
-
-    def severity(self, xid: int) -> Severity:
-        return Severity.INFO if xid in self.informational else Severity.CRITICAL
 
 
 @dataclass(frozen=True)
@@ -171,7 +140,7 @@ class HealthMonitor(PassResults):
         devices: Sequence[NvDevice],
         clock: Clock,
         *,
-        policy: XidPolicy = XidPolicy(),
+        policy: XidPolicy | None = None,
         state: HealthState | None = None,
         wait_ms: int = 500,
         recovery_interval: float = 5.0,
@@ -187,7 +156,7 @@ class HealthMonitor(PassResults):
         # The handle each GPU is watched through; a lost GPU's is replaced when it answers again.
         self._handles: dict[str, Any] = {uuid: gpu.handle for uuid, gpu in self._gpus.items()}
         self._clock = clock
-        self._policy = policy
+        self._policy = policy or XidPolicy()
         self.state = state or HealthState()
         self._wait_ms = wait_ms
         self._recovery_interval = recovery_interval
@@ -357,19 +326,12 @@ class HealthMonitor(PassResults):
         )
 
     def _probe_lost_sync(self) -> list[GpuInfo]:
-        """GPUs that no longer answer (after an error from the event set)."""
-        lost: list[GpuInfo] = []
-        for uuid, gpu in self._gpus.items():
-            if uuid in self.state.lost:
-                continue
-            try:
-                self._lib.nvmlDeviceGetUUID(self._handles[uuid])
-            except Exception as error:
-                if self._nvml.is_error(error):
-                    lost.append(gpu)
-                else:
-                    raise
-        return lost
+        """GPUs that answer lost to any of several getters (after an error from the event set)."""
+        return [
+            gpu
+            for uuid, gpu in self._gpus.items()
+            if uuid not in self.state.lost and lost_answer(self._nvml, self._handles[uuid]) is not None
+        ]
 
     def _rebuild_sync(self) -> list[HealthEvent]:
         """Recreate the event set without the lost GPUs, so waits stop failing on them."""
@@ -395,8 +357,7 @@ class HealthMonitor(PassResults):
         for gpu in self._lost_here():
             self.state.suspect.discard(gpu.uuid)
             try:
-                by_uuid = getattr(self._lib, "nvmlDeviceGetHandleByUUID", None)
-                handle = by_uuid(gpu.uuid) if by_uuid is not None else self._handles[gpu.uuid]
+                handle = fresh_handle(self._nvml, gpu.uuid, gpu.index, self._handles[gpu.uuid])
                 self._lib.nvmlDeviceGetUUID(handle)
             except Exception as error:
                 if not self._nvml.is_error(error):
@@ -453,6 +414,7 @@ class HealthMonitor(PassResults):
                 frozenset(checks.unsupported),
                 uuid in self.state.suspect,
                 checks.links if fresh else None,
+                gpu.index,
             )
             try:
                 await self._nvml.run_health(read_gpu_sync, self._nvml, ask, reading)

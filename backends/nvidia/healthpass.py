@@ -6,8 +6,9 @@ interprets a `GpuReading`; the monitor itself reads events and runs the pass).
 - retired pages pending, row remap failure / pending, a recovery action other than NONE -> STATE
   conditions raised and cleared on change (the first pass after a start raises what holds);
 - trends over their thresholds -> informational STATE conditions;
-- a check the GPU does not support -> skipped from then on, with one line; a check that failed ->
-  one warning per episode, never a condition on the GPU.
+- a check the GPU does not support -> skipped from then on, with one line (row remapping on a
+  GPU in MIG mode excepted: nvml.h answers NOT_SUPPORTED while MIG is on, so it is asked again);
+  a check that failed -> one warning per episode, never a condition on the GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from backends.nvidia.checks import (
     RECOVERY_ACTIONS,
     RECOVERY_NONE,
     RETIRED_PAGES_PENDING,
+    ROW_REMAP,
     ROW_REMAP_FAILURE,
     ROW_REMAP_PENDING,
     EccCounts,
@@ -84,6 +86,10 @@ class PassResults(abc.ABC):
         """Turn one GPU's reading into conditions; remember baselines and what was raised."""
         uuid = gpu.uuid
         for check, why in reading.unsupported.items():
+            if check == ROW_REMAP and gpu.mig_enabled:
+                # nvml.h:8438-8453: NOT_SUPPORTED "if MIG is enabled": not now, asked again at the
+                # next pass (MIG mode may be turned off; dynamic MIG keeps it on).
+                continue
             if check not in checks.unsupported:
                 checks.unsupported.add(check)
                 checks.failing.discard(check)

@@ -28,8 +28,8 @@ from typing import Any
 
 from agent.core.model import AttributeValue, CounterConsumption, CounterSet, Device
 from agent.core.quantity import Quantity
-from backends.nvidia.discovery import MIB, GpuInfo, mig_device_name, mig_profile_name
-from backends.nvidia.nvml import Nvml, text
+from backends.nvidia.discovery import MIB, GpuInfo, mig_device_name, mig_profile_name, profile_suffix
+from backends.nvidia.nvml import Nvml
 
 ENGINES = (
     ("decoders", "decoders"),
@@ -307,7 +307,7 @@ def read_layout(nvml: Nvml, gpu: GpuInfo, total_memory: int) -> MigLayout:
         if not placements:
             continue
         slices = int(info.sliceCount)
-        suffix = "+me" if "+me" in text(getattr(info, "name", b"") or b"") else ""
+        suffix = profile_suffix(index)
         profiles.append(
             MigProfile(
                 profile_id=int(info.id),

@@ -1,6 +1,6 @@
 """A thin layer over `pynvml` (nvidia-ml-py): loading, init/shutdown, worker threads, error mapping.
 
-The `pynvml` module is a dependency passed in (tests give a fake module with the same names);
+The `pynvml` module is a dependency passed in (tests give pynvml over a stand-in libnvidia-ml);
 every blocking NVML call runs in a worker thread, never on the event loop: `Nvml.run` (discovery
 and telemetry, one at a time), `Nvml.run_health` (the health monitor's own lane) or
 `Nvml.run_unlimited` (shutdown). Each is bounded (`agent.core.vendorcall`), so a wedged driver
@@ -45,7 +45,7 @@ LIBRARY_DIRS = (
 
 
 def load_pynvml() -> ModuleType:
-    """Import `pynvml` (from nvidia-ml-py); `sys.modules['pynvml']` wins, so tests can inject a fake."""
+    """Import `pynvml` (from nvidia-ml-py); `sys.modules['pynvml']` wins, so tests can inject their copy."""
     try:
         return importlib.import_module("pynvml")
     except ImportError as error:
@@ -100,14 +100,12 @@ class Nvml:
         )
 
     def is_gpu_lost(self, error: BaseException) -> bool:
-        """The GPU fell off the bus, is no longer found, or needs a reset."""
+        """The GPU fell off the bus or needs a reset.
+
+        Not GPU_NOT_FOUND: nvml.h:1333 "No GPUs were found" is about the system, not one GPU.
+        """
         return isinstance(
-            error,
-            (
-                self.error_class("NVMLError_GpuIsLost"),
-                self.error_class("NVMLError_GpuNotFound"),
-                self.error_class("NVMLError_ResetRequired"),
-            ),
+            error, (self.error_class("NVMLError_GpuIsLost"), self.error_class("NVMLError_ResetRequired"))
         )
 
     def is_timeout(self, error: BaseException) -> bool:
@@ -225,7 +223,7 @@ class Nvml:
 
 
 class _Never(Exception):
-    """Stands in for an error class a (fake) pynvml module does not define."""
+    """Stands in for an error class an older pynvml module does not define."""
 
 
 def text(value: str | bytes) -> str:

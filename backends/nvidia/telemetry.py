@@ -47,6 +47,21 @@ def _field(nvml: Nvml, what: str, func: Any, *args: Any) -> Any:
         return None
 
 
+def _temperature(nvml: Nvml, handle: Any) -> int:
+    """The GPU's temperature: nvmlDeviceGetTemperatureV where the binding and driver have it
+    (nvml.h:5979 deprecates nvmlDeviceGetTemperature in 13.0), else the older call."""
+    lib = nvml.lib
+    sensor = int(getattr(lib, "NVML_TEMPERATURE_GPU", 0))
+    by_version = getattr(lib, "nvmlDeviceGetTemperatureV", None)
+    if by_version is not None:
+        try:
+            return int(by_version(handle, sensor))
+        except Exception as error:
+            if not isinstance(error, nvml.error_class("NVMLError_FunctionNotFound")):
+                raise
+    return int(lib.nvmlDeviceGetTemperature(handle, sensor))
+
+
 def read_device(
     nvml: Nvml, device: NvDevice, last_xid: Mapping[str, int], now: float, ecc: EccCounts | None = None
 ) -> DeviceTelemetry:
@@ -62,8 +77,7 @@ def read_device(
         rates = _field(nvml, "utilization", lib.nvmlDeviceGetUtilizationRates, gpu_handle)
         utilization = float(rates.gpu) / 100.0 if rates is not None else None
     memory = _field(nvml, "memory", lib.nvmlDeviceGetMemoryInfo, own_handle)
-    sensor = int(getattr(lib, "NVML_TEMPERATURE_GPU", 0))
-    temperature = _field(nvml, "temperature", lib.nvmlDeviceGetTemperature, gpu_handle, sensor)
+    temperature = _field(nvml, "temperature", _temperature, nvml, gpu_handle)
     power_mw = _field(nvml, "power", lib.nvmlDeviceGetPowerUsage, gpu_handle)
     # ECC totals are the GPU's: reported on the whole GPU only.
     counts = ecc if ecc is not None and device.mig is None else EccCounts()

@@ -1,10 +1,9 @@
-"""Fixtures of the AMD backend tests: the fake amdsmi installed as ``amdsmi`` and a fake sysfs."""
+"""Fixtures of the AMD backend tests: AMD's real amdsmi over the stand-in library, and a fake sysfs."""
 
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,13 @@ import pytest
 from agent.core.backend import BackendOptions
 from backends.amd.backend import AmdBackend
 from backends.amd.edits import StatFn
-from tests.fakes.fake_amdsmi import FakeAmdSmi, FakeGpu
+from tests.fakes.amd_standin import GpuSpec, StandIn, load
 from tests.support.clock import FakeClock
 
-MakeBackend = Callable[..., tuple[AmdBackend, FakeAmdSmi]]
+MakeBackend = Callable[..., tuple[AmdBackend, StandIn]]
 
 
-def make_sysfs(root: Path, gpus: Sequence[FakeGpu], simd_per_cu: int | None = None) -> Path:
+def make_sysfs(root: Path, gpus: Sequence[GpuSpec], simd_per_cu: int | None = None) -> Path:
     """A /sys tree with PCI devices under their root complexes and KFD topology nodes."""
     for gpu in gpus:
         domain, bus, _ = gpu.bdf.split(":", 2)
@@ -43,19 +42,27 @@ def make_sysfs(root: Path, gpus: Sequence[FakeGpu], simd_per_cu: int | None = No
 
 
 @pytest.fixture
-def make_backend(monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock) -> MakeBackend:
-    """``make_backend(gpus, settings=..., stat_fn=..., **fake_kwargs)`` -> (backend, fake module)."""
+def standin() -> Iterator[StandIn]:
+    """The stand-in library under the real amdsmi, emptied (and any hung call released) after the test."""
+    lib = load()
+    yield lib
+    lib.release()
+    lib.configure([])
+
+
+@pytest.fixture
+def make_backend(standin: StandIn, fake_clock: FakeClock) -> MakeBackend:
+    """``make_backend(gpus, settings=..., stat_fn=..., **behaviour)`` -> (backend, stand-in)."""
 
     def make(
-        gpus: Sequence[FakeGpu],
+        gpus: Sequence[GpuSpec],
         settings: dict[str, str] | None = None,
         driver: str | None = None,
         stat_fn: StatFn = os.stat,
-        **fake_kwargs: object,
-    ) -> tuple[AmdBackend, FakeAmdSmi]:
-        fake = FakeAmdSmi(gpus, **fake_kwargs)  # type: ignore[arg-type]
-        monkeypatch.setitem(sys.modules, "amdsmi", fake)
+        **behaviour: object,
+    ) -> tuple[AmdBackend, StandIn]:
+        standin.configure(gpus, **behaviour)
         options = BackendOptions("node-1", driver, settings or {"sysfs-root": os.devnull})
-        return AmdBackend(options, clock=fake_clock, stat_fn=stat_fn), fake
+        return AmdBackend(options, clock=fake_clock, stat_fn=stat_fn), standin
 
     return make

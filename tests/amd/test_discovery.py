@@ -11,7 +11,7 @@ from agent.core.model import Device, Version
 from agent.core.quantity import Quantity
 from backends.amd.discovery import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, ProcessorInfo, Sysfs, build_devices
 from tests.amd.conftest import MakeBackend, make_sysfs
-from tests.fakes.fake_amdsmi import AMDSMI_STATUS_NOT_FOUND, mi210, mi250x, mi300x
+from tests.fakes.amd_standin import STATUS_NOT_FOUND, mi210, mi250x, mi300x
 
 
 async def discover(make_backend: MakeBackend, gpus: list, **kwargs: object) -> list[Device]:  # type: ignore[type-arg]
@@ -26,7 +26,9 @@ async def discover(make_backend: MakeBackend, gpus: list, **kwargs: object) -> l
 async def test_mi300x_spx_nps1_gpu_attributes(make_backend: MakeBackend, tmp_path: Path) -> None:
     gpus = mi300x("spx_nps1")
     root = make_sysfs(tmp_path, gpus)
-    devices = await discover(make_backend, gpus, settings={"sysfs-root": str(root)})
+    backend, fake = make_backend(gpus, settings={"sysfs-root": str(root)})
+    await backend.start()
+    devices = list(await backend.discover())
     assert [d.name for d in devices] == [
         f"gpu-{c}-{r}" for c, r in zip(range(1, 9), range(128, 136), strict=True)
     ]
@@ -54,7 +56,7 @@ async def test_mi300x_spx_nps1_gpu_attributes(make_backend: MakeBackend, tmp_pat
     }
     assert first.capacity["memory"].canonical() == "196592Mi"
     assert (first.uuid, first.pci_bus_id, first.product, first.parent) == (
-        gpus[0].uuid,
+        fake.uuid(0),
         "0000:05:00.0",
         "AMD_Instinct_MI300X_OAM",
         "",
@@ -107,16 +109,18 @@ async def test_mi250x_gcds_are_gpus_without_partition_profile(make_backend: Make
     assert d.capacity["simdUnits"] == Quantity.parse(440)
 
 
-async def test_mi210_empty_driver_version_and_board_name_degrade(
+async def test_mi210_inbox_driver_version_and_board_name_degrade(
     make_backend: MakeBackend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, "agent.backends.amd")
+    """In-box amdgpu: amdsmi answers the kernel release (amd_smi_utils.cc
+    smi_amdgpu_get_driver_version reads /proc/version), which is not amdgpu's version (issue 30 #6)."""
+    caplog.set_level(logging.INFO, "agent.backends.amd")
     devices = await discover(make_backend, mi210())
     assert len(devices) == 4
     d = devices[0]
     assert "driverVersion" not in d.attributes
     assert d.attributes["productName"] == "AMD_Instinct_MI210"  # market name when FRU has none
-    assert "no driverVersion" in caplog.text
+    assert "in-box amdgpu" in caplog.text
 
 
 async def test_unparseable_driver_version_is_dropped(make_backend: MakeBackend) -> None:
@@ -148,8 +152,10 @@ async def test_unsupported_calls_degrade_attributes_not_the_device(make_backend:
 async def test_asic_info_unsupported_keeps_device_with_fallback_id(make_backend: MakeBackend) -> None:
     gpus = mi300x(count=1)
     gpus[0].unsupported = {"amdsmi_get_gpu_asic_info", "amdsmi_get_gpu_board_info"}
-    d = (await discover(make_backend, gpus))[0]
-    assert d.attributes["deviceID"] == gpus[0].uuid
+    backend, fake = make_backend(gpus)
+    await backend.start()
+    d = (await backend.discover())[0]
+    assert d.attributes["deviceID"] == fake.uuid(0)
     assert "computeUnits" not in d.capacity
     assert "family" not in d.attributes
     assert "productName" not in d.attributes
@@ -158,7 +164,7 @@ async def test_asic_info_unsupported_keeps_device_with_fallback_id(make_backend:
 async def test_gpu_whose_bdf_fails_is_skipped(make_backend: MakeBackend) -> None:
     gpus = mi300x(count=2)
     gpus[1].lost = True
-    gpus[1].lost_code = AMDSMI_STATUS_NOT_FOUND
+    gpus[1].lost_code = STATUS_NOT_FOUND
     devices = await discover(make_backend, gpus)
     assert [d.name for d in devices] == ["gpu-1-128"]
 

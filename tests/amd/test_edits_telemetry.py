@@ -13,7 +13,7 @@ from agent.core.errors import BackendError, DeviceNotFoundError
 from backends.amd.edits import read_edits
 from tests.amd.conftest import MakeBackend
 from tests.amd.test_health import one_pass
-from tests.fakes.fake_amdsmi import mi210, mi300x
+from tests.fakes.amd_standin import mi210, mi300x
 
 CLAIM = ClaimRef("default", "claim", "uid-1")
 MIB = 1024 * 1024
@@ -150,12 +150,11 @@ async def test_telemetry_fields(make_backend: MakeBackend) -> None:
 
 async def test_telemetry_failing_field_degrades_only_that_field(make_backend: MakeBackend) -> None:
     gpus = mi210(2)
-    gpus[0].unsupported = {"amdsmi_get_temp_metric(HOTSPOT)"}
+    gpus[0].temp_hotspot = None  # no junction sensor: NOT_SUPPORTED
     gpus[0].ecc_enabled_mask = 0  # no RAS: the pass has no ECC counts to share
-    gpus[0].socket_power = "N/A"
+    gpus[0].socket_power = 0xFFFF  # what the binding turns into "N/A"
+    gpus[1].temp_hotspot = gpus[1].temp_edge = None
     gpus[1].unsupported = {
-        "amdsmi_get_temp_metric(HOTSPOT)",
-        "amdsmi_get_temp_metric(EDGE)",
         "amdsmi_get_gpu_activity",
         "amdsmi_get_gpu_vram_usage",
         "amdsmi_get_power_info",

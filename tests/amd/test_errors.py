@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import subprocess
 import sys
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.core.backend import BackendOptions, ClaimRef
 from agent.core.errors import BackendError, ConfigError, DeviceNotFoundError
-from backends.amd import create_backend
 from backends.amd.backend import AmdBackend
-from backends.amd.smi import check_module, describe, error_code, import_amdsmi
+from backends.amd.binding import check_module, import_amdsmi
+from backends.amd.smi import describe, error_code
 from tests.amd.conftest import MakeBackend
-from tests.fakes.fake_amdsmi import (
-    AMDSMI_STATUS_DRIVER_NOT_LOADED,
-    AMDSMI_STATUS_INIT_ERROR,
-    AMDSMI_STATUS_NO_PERM,
-    AMDSMI_STATUS_NOT_SUPPORTED,
+from tests.fakes.amd_standin import (
+    STATUS_DRIVER_NOT_LOADED,
+    STATUS_INIT_ERROR,
+    STATUS_NO_PERM,
+    STATUS_NOT_SUPPORTED,
     AmdSmiLibraryException,
-    FakeAmdSmi,
+    StandIn,
+    build,
+    environment,
     mi210,
 )
 
@@ -54,16 +57,45 @@ def test_library_load_oserror() -> None:
         import_amdsmi(_raising(OSError("libdrm.so.2: cannot open shared object file")))
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("amdsmi") is None or os.path.exists("/opt/rocm/lib/libamd_smi.so"),
-    reason="needs the real amdsmi package on a machine without ROCm",
-)
-async def test_real_amdsmi_without_rocm_gives_backend_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The real package, really failing: the entry point's backend must turn it into advice.
-    monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
-    backend = create_backend(BackendOptions("node-1"))[0]
-    with pytest.raises(BackendError, match="ROCm"):
-        await backend.start()
+def _devices(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    run_env = {k: v for k, v in os.environ.items() if k not in ("ROCM_PATH", "ROCM_HOME")} | env
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", "devices", "--backend", "amd", "-o", "yaml"],
+        env=run_env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_devices_without_the_library_is_one_line_and_nothing_on_stdout(tmp_path: Path) -> None:
+    """AMD's real binding with no libamd_smi.so: its two prints stay off stdout (issue 30 #3)."""
+    result = _devices({"ROCM_PATH": str(tmp_path)})
+    assert result.returncode == 1
+    assert result.stdout == ""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("dra-agent: error:")]
+    assert len(errors) == 1 and "libamd_smi.so was not found" in errors[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_devices_with_a_library_older_than_the_binding_names_both(tmp_path: Path) -> None:
+    """A libamd_smi.so lacking a symbol the 7.0.2 wrapper binds (a ROCm 6.x host): one line, exit 2."""
+    result = _devices({"ROCM_PATH": str(build("no-cper"))})
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("dra-agent: error:")]
+    assert "amdsmi_get_gpu_cper_entries" in line and "amdsmi 7.0.2" in line and "share/amd_smi" in line
+    assert "Traceback" not in result.stderr
+
+
+def test_devices_with_a_library_of_another_release_names_both_versions() -> None:
+    env = environment(mi210(1), lib_version="25.3.0")
+    result = _devices(env)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("dra-agent: error:")]
+    assert "libamd_smi 25.3.0" in line and "binding 7.0.2" in line
 
 
 def test_too_old_amdsmi() -> None:
@@ -76,17 +108,17 @@ def test_too_old_amdsmi() -> None:
 @pytest.mark.parametrize(
     ("code", "hint"),
     [
-        (AMDSMI_STATUS_DRIVER_NOT_LOADED, "modprobe amdgpu"),
-        (AMDSMI_STATUS_NO_PERM, "privileged"),
-        (AMDSMI_STATUS_INIT_ERROR, "ROCm version matches"),
-        (AMDSMI_STATUS_NOT_SUPPORTED, "amd-smi list"),
+        (STATUS_DRIVER_NOT_LOADED, "modprobe amdgpu"),
+        (STATUS_NO_PERM, "privileged"),
+        (STATUS_INIT_ERROR, "ROCm version matches"),
+        (STATUS_NOT_SUPPORTED, "amd-smi list"),
     ],
 )
 async def test_init_failures_say_what_to_do(make_backend: MakeBackend, code: int, hint: str) -> None:
-    backend, fake = make_backend(mi210(1), init_error=code)
+    backend, fake = make_backend(mi210(1), init_status=code)
     with pytest.raises(BackendError, match=hint):
         await backend.start()
-    assert fake.init_calls == 1
+    assert fake.calls("amdsmi_init") == 1
 
 
 async def test_start_twice_initializes_once_and_stop_is_safe(make_backend: MakeBackend) -> None:
@@ -94,21 +126,18 @@ async def test_start_twice_initializes_once_and_stop_is_safe(make_backend: MakeB
     await backend.stop()  # before start: nothing to do
     await backend.start()
     await backend.start()
-    assert fake.init_calls == 1
+    assert fake.calls("amdsmi_init") == 1
     await backend.stop()
     await backend.stop()
-    assert fake.shutdown_calls == 1
+    assert fake.calls("amdsmi_shut_down") == 1
 
 
 async def test_stop_never_raises(make_backend: MakeBackend) -> None:
     backend, fake = make_backend(mi210(1))
     await backend.start()
-
-    def broken() -> None:
-        raise AmdSmiLibraryException(AMDSMI_STATUS_INIT_ERROR)
-
-    fake.amdsmi_shut_down = broken  # type: ignore[method-assign]
+    fake.module.amdsmi_shut_down()  # the library is already down: the backend's call fails
     await backend.stop()
+    assert fake.calls("amdsmi_shut_down") == 2
 
 
 async def test_calls_before_start_fail_clearly(make_backend: MakeBackend) -> None:
@@ -124,11 +153,12 @@ async def test_listing_failure_is_a_backend_error(make_backend: MakeBackend) -> 
     await backend.start()
 
     def broken() -> list[Any]:
-        raise AmdSmiLibraryException(AMDSMI_STATUS_DRIVER_NOT_LOADED)
+        raise AmdSmiLibraryException(STATUS_DRIVER_NOT_LOADED)
 
-    fake.amdsmi_get_processor_handles = broken  # type: ignore[method-assign]
-    with pytest.raises(BackendError, match=r"listing GPUs failed.*amd-smi list"):
-        await backend.discover()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fake.module, "amdsmi_get_processor_handles", broken)
+        with pytest.raises(BackendError, match=r"listing GPUs failed.*amd-smi list"):
+            await backend.discover()
     await backend.stop()
 
 
@@ -151,19 +181,39 @@ def test_bad_settings(settings: dict[str, str]) -> None:
 
 
 def test_describe_and_error_code() -> None:
-    error = AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)
-    assert error_code(error) == AMDSMI_STATUS_NOT_SUPPORTED
+    error = AmdSmiLibraryException(STATUS_NOT_SUPPORTED)
+    assert error_code(error) == STATUS_NOT_SUPPORTED
     assert describe(error) == "AMDSMI_STATUS_NOT_SUPPORTED (code 2)"
     assert error_code(ValueError("x")) is None
     assert describe(ValueError("x")) == "ValueError: x"
 
 
-def test_fake_is_a_module_with_real_names() -> None:
-    fake = FakeAmdSmi(mi210(1))
-    check_module(fake)
-    members = fake.AmdSmiEvtNotificationType.__members__
+def test_the_real_binding_over_the_standin_has_what_the_backend_needs(standin: StandIn) -> None:
+    standin.configure(mi210(1))
+    smi = standin.module
+    check_module(smi)
+    members = smi.AmdSmiEvtNotificationType.__members__
     assert members["PAGE_FAULT_START"] is members["PAGE_FAULT_END"]
-    assert fake.AmdSmiTemperatureType["JUNCTION"] is fake.AmdSmiTemperatureType["HOTSPOT"]
+    assert smi.AmdSmiTemperatureType["JUNCTION"] is smi.AmdSmiTemperatureType["HOTSPOT"]
     with pytest.raises(AmdSmiLibraryException) as info:
-        fake.amdsmi_get_processor_handles()  # before amdsmi_init
-    assert "AMDSMI_STATUS_NOT_INIT" in str(info.value)
+        smi.amdsmi_get_processor_handles()  # before amdsmi_init
+    assert "STATUS_NOT_INIT" in str(info.value)
+
+
+def test_the_host_rocms_binding_is_preferred(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As AMD's amd-smi: the binding under the host's ROCm (share/amd_smi), else the image's."""
+    host = tmp_path / "share" / "amd_smi"
+    (host / "amdsmi").mkdir(parents=True)
+    (host / "amdsmi" / "__init__.py").write_text("")
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path))
+    seen: list[str] = []
+
+    def import_module(name: str) -> Any:
+        seen.append(sys.path[0])
+        return types.ModuleType(name)
+
+    import_amdsmi(import_module)
+    assert seen == [str(host)] and str(host) not in sys.path
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "elsewhere"))
+    import_amdsmi(import_module)
+    assert seen[-1] != str(host)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
@@ -16,18 +17,17 @@ from agent.core.model import HealthStatus, Severity
 from agent.health.tracker import HealthTracker
 from backends.amd.backend import AmdBackend
 from backends.amd.checks import EccReading, read_ecc
-from backends.amd.health import close_readers, open_readers
+from backends.amd.events import close_readers, open_readers
 from tests.amd.conftest import MakeBackend
-from tests.fakes.fake_amdsmi import (
-    AMDSMI_STATUS_NO_PERM,
-    AMDSMI_STATUS_NOT_FOUND,
-    AMDSMI_STATUS_NOT_SUPPORTED,
+from tests.fakes.amd_standin import (
+    STATUS_NO_PERM,
+    STATUS_NOT_FOUND,
+    STATUS_NOT_SUPPORTED,
     AmdSmiLibraryException,
-    AmdSmiRetryException,
-    AmdSmiTimeoutException,
-    FakeAmdSmi,
-    FakeGpu,
+    GpuSpec,
+    StandIn,
     cper_record,
+    load,
     mi210,
     mi300x,
 )
@@ -63,10 +63,10 @@ async def eventually(check: Callable[[], bool], limit: float = 5.0) -> None:
 @asynccontextmanager
 async def monitoring(
     make_backend: MakeBackend,
-    gpus: list[FakeGpu],
+    gpus: list[GpuSpec],
     settings: dict[str, str] | None = None,
     **fake_kwargs: object,
-) -> AsyncIterator[tuple[AmdBackend, FakeAmdSmi, Sink]]:
+) -> AsyncIterator[tuple[AmdBackend, StandIn, Sink]]:
     backend, fake = make_backend(gpus, settings=dict(settings or SETTINGS), **fake_kwargs)
     await backend.start()
     await backend.discover()
@@ -130,15 +130,14 @@ async def test_ring_hang_where_the_amdsmi_version_has_it(
 ) -> None:
     import enum
 
-    import tests.fakes.fake_amdsmi as fake_module
-
-    members = {m.name: m.value for m in fake_module.AmdSmiEvtNotificationType} | {"RING_HANG": 14}
+    smi = load().module
+    members = {m.name: m.value for m in smi.AmdSmiEvtNotificationType} | {"RING_HANG": 14}
     newer = enum.IntEnum("AmdSmiEvtNotificationType", members)  # type: ignore[misc]
-    monkeypatch.setattr(fake_module, "AmdSmiEvtNotificationType", newer)
-    monkeypatch.setattr(FakeAmdSmi, "AmdSmiEvtNotificationType", newer)
+    monkeypatch.setattr(smi, "AmdSmiEvtNotificationType", newer)
+    monkeypatch.setattr(smi.amdsmi_interface, "AmdSmiEvtNotificationType", newer)
     async with monitoring(make_backend, mi210(2)) as (_, fake, sink):
-        assert fake.event_masks[fake.handle(0).value] & (1 << 13)
-        fake.push_event(1, "RING_HANG", "ring gfx_0.0.0 timeout")
+        await eventually(lambda: bool(fake.event_mask(0) & (1 << 13)))
+        fake.push_event(1, "14", "ring gfx_0.0.0 timeout")
         await eventually(lambda: len(sink.of("ring-hang")) == 1)
     (hang,) = sink.of("ring-hang")
     assert (hang.device, hang.severity) == ("gpu-2-129", Severity.CRITICAL)
@@ -147,38 +146,51 @@ async def test_ring_hang_where_the_amdsmi_version_has_it(
 async def test_events_unavailable_marks_unmonitored_until_they_open(
     make_backend: MakeBackend, fake_clock: FakeClock
 ) -> None:
-    async with monitoring(make_backend, mi210(2), events_error=AMDSMI_STATUS_NO_PERM) as (_, fake, sink):
+    async with monitoring(make_backend, mi210(2), events_status=STATUS_NO_PERM) as (_, fake, sink):
         await eventually(lambda: len(sink.of("unmonitored")) == 2)
         await next_poll(sink, fake_clock)  # still failing: reported once
         assert len(sink.of("unmonitored")) == 2
-        fake.events_error = None
+        fake.set_behaviour(events_status=0)
         await next_poll(sink, fake_clock)
         await eventually(lambda: len(sink.of("unmonitored")) == 4)
     marks = sink.of("unmonitored")
     assert all(e.value == "events" and e.severity is Severity.WARNING for e in marks)
     assert all(e.kind is ConditionKind.STATE for e in marks)
     assert [e.cleared for e in marks] == [False, False, True, True]
-    assert "AMDSMI_STATUS_NO_PERM" in marks[0].message
+    assert "STATUS_NO_PERM" in marks[0].message
 
 
-async def test_event_read_failure_then_recovery(
-    make_backend: MakeBackend, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+async def test_quiet_reads_are_quiet(
+    make_backend: MakeBackend, fake_clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No event pending: the read raises NO_DATA (rocm_smi.cc rsmi_event_notification_get), and a
+    first read may answer a stale errno: neither is "events unavailable" (issue 30 #1)."""
+    caplog.set_level(logging.WARNING, "agent.backends.amd")
+    backend, fake = make_backend(mi300x(count=2), settings=dict(SETTINGS))
+    fake.set_behaviour(first_read_status=STATUS_NOT_SUPPORTED)
+    await backend.start()
+    await backend.discover()
+    sink = Sink()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(backend.monitor_health, sink)
+        await eventually(lambda: fake.calls("amdsmi_get_gpu_event_notification") >= 5)
+        fake.push_event(0, "GPU_PRE_RESET")
+        await eventually(lambda: len(sink.of("gpu-reset")) == 1)
+        before = fake.calls("amdsmi_get_gpu_event_notification")
+        await eventually(lambda: fake.calls("amdsmi_get_gpu_event_notification") >= before + 5)
+        tg.cancel_scope.cancel()
+    await backend.stop()
+    assert sink.of("unmonitored") == []
+    assert "unavailable" not in caplog.text
+
+
+async def test_event_reads_failing_in_a_row_mark_unmonitored_then_recover(
+    make_backend: MakeBackend, fake_clock: FakeClock
 ) -> None:
     async with monitoring(make_backend, mi210(1)) as (_, fake, sink):
-        failures = [
-            AmdSmiTimeoutException(),
-            AmdSmiRetryException(),
-            AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED),
-        ]
-        original = fake._read_events
-
-        def flaky(timeout_ms: int, num_elem: int) -> list[dict[str, object]]:
-            if failures:
-                raise failures.pop(0)
-            return original(timeout_ms, num_elem)
-
-        monkeypatch.setattr(fake, "_read_events", flaky)
+        fake.set_behaviour(read_status=STATUS_NOT_SUPPORTED)  # every read
         await eventually(lambda: len(sink.of("unmonitored")) == 1)
+        fake.set_behaviour(read_status=0)
         fake_clock.advance(10)
         await eventually(lambda: len(sink.of("unmonitored")) == 2)
     down, up = sink.of("unmonitored")
@@ -229,20 +241,23 @@ async def test_fatal_cper_within_max_age_only(make_backend: MakeBackend, fake_cl
     gpus = mi300x(count=1)
     gpus[0].cper = [cper_record(stamp(86400), record_id="old")]  # kept across a reboot
     async with monitoring(make_backend, gpus) as (_, _, sink):
-        gpus[0].cper.append(cper_record(stamp(5), severity="non_fatal_corrected", record_id="c"))
-        gpus[0].cper.append(cper_record(stamp(5), notify_type="PCIE", record_id="new"))
+        gpus[0].cper = [
+            *gpus[0].cper,
+            cper_record(stamp(5), severity="non_fatal_corrected", record_id="c"),
+            cper_record(stamp(5), notify_type="PCIE", record_id="new"),
+        ]
         await next_poll(sink, fake_clock)
         await next_poll(sink, fake_clock)  # the cursor moved on: no repeat
     (fatal,) = sink.of("cper-fatal")
     assert (fatal.device, fatal.value, fatal.severity) == ("gpu-1-128", "pcie", Severity.CRITICAL)
-    assert "new" in fatal.message
+    assert fatal.message.startswith("fatal CPER record new at ")  # bytes decoded (issue 30 #8)
 
 
 async def test_cper_unsupported_is_not_unmonitored(make_backend: MakeBackend, fake_clock: FakeClock) -> None:
     async with monitoring(make_backend, mi210(1)) as (_, fake, sink):
         await next_poll(sink, fake_clock)
     assert sink.events == []
-    assert fake.calls["amdsmi_get_gpu_cper_entries"] == 1  # not asked again once unsupported
+    assert fake.calls("amdsmi_get_gpu_cper_entries") == 1  # not asked again once unsupported
 
 
 async def test_gpu_lost_and_back(make_backend: MakeBackend, fake_clock: FakeClock) -> None:
@@ -260,25 +275,22 @@ async def test_gpu_lost_and_back(make_backend: MakeBackend, fake_clock: FakeCloc
         ConditionKind.STATE,
         False,
     )
-    assert "AMDSMI_STATUS_NOT_FOUND" in lost.message
+    assert "amdsmi_get_gpu_vram_usage: AMDSMI_STATUS_DRM_ERROR" in lost.message
     assert (back.device, back.cleared) == ("gpu-2-129", True)
 
 
-def test_read_ecc_unsupported_block_is_skipped() -> None:
-    fake = FakeAmdSmi(mi210(1))
-    fake.amdsmi_init()
-    gpu = fake.gpus[0]
+def test_read_ecc_unsupported_block_is_skipped(standin: StandIn) -> None:
+    smi = standin.module
+    gpu = standin.configure(mi210(1)).gpus[0]
     gpu.ecc_enabled_mask = 0b11
     gpu.ecc_uncorrectable = {"UMC": 1, "SDMA": 2}
-    original = fake.amdsmi_get_gpu_ecc_count
-
-    def count(handle: object, block: object) -> dict[str, int]:
-        if getattr(block, "name", "") == "SDMA":
-            raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_FOUND)
-        return original(handle, block)  # type: ignore[arg-type]
-
-    fake.amdsmi_get_gpu_ecc_count = count  # type: ignore[method-assign,assignment]
-    assert read_ecc(fake, fake.handle(0)) == (EccReading({"umc": 1}, {"umc": 0}), "")
+    smi.amdsmi_init()
+    gpu.fail = {"amdsmi_get_gpu_ecc_count": STATUS_NOT_FOUND}
+    assert read_ecc(smi, standin.handle(0))[0] is None
+    gpu.fail = {}
+    gpu.ecc_enabled_mask = 0b1 | 0b1000_0000_0000_0000_0000  # a block without counters: NOT_SUPPORTED
+    assert read_ecc(smi, standin.handle(0)) == (EccReading({"umc": 1}, {"umc": 0}), "")
+    smi.amdsmi_shut_down()
 
 
 async def test_reset_taints_then_recovers_after_hold(
@@ -307,11 +319,11 @@ async def test_shutdown_while_waiting_for_events_is_prompt(make_backend: MakeBac
     with anyio.fail_after(2):  # cancellation waits for at most one event read (200 ms)
         async with anyio.create_task_group() as tg:
             tg.start_soon(backend.monitor_health, Sink())
-            await eventually(lambda: len(fake.event_masks) == 2)
+            await eventually(lambda: fake.event_mask(0) != 0 and fake.event_mask(1) != 0)
             await anyio.sleep(0.05)  # the reader is now blocked in read()
             tg.cancel_scope.cancel()
-    assert fake.readers_stopped == 2
-    assert fake.event_masks == {}
+    assert fake.calls("amdsmi_stop_gpu_event_notification") == 2
+    assert fake.event_mask(0) == fake.event_mask(1) == 0
     await backend.stop()
 
 
@@ -324,33 +336,38 @@ async def test_no_devices_waits_quietly(make_backend: MakeBackend) -> None:
     await backend.stop()
 
 
-def test_open_readers_tolerates_one_lost_gpu_but_not_all() -> None:
-    fake = FakeAmdSmi(mi210(2))
-    fake.amdsmi_init()
-    fake.gpus[1].lost = True
-    assert len(open_readers(fake, [fake.handle(0), fake.handle(1)])) == 1
-    fake.gpus[0].lost = True
+def test_open_readers_tolerates_one_lost_gpu_but_not_all(standin: StandIn) -> None:
+    smi = standin.module
+    standin.configure(mi210(2))
+    smi.amdsmi_init()
+    standin.gpus[1].lost = True
+    handles = [standin.handle(0), standin.handle(1)]
+    assert len(open_readers(smi, handles)) == 1
+    standin.gpus[0].lost = True
     with pytest.raises(AmdSmiLibraryException):
-        open_readers(fake, [fake.handle(0), fake.handle(1)])
+        open_readers(smi, handles)
+    smi.amdsmi_shut_down()
 
 
 async def test_rediscovery_restarts_monitoring_with_the_new_devices(make_backend: MakeBackend) -> None:
+    """amdsmi lists what it found at amdsmi_init until shut down: rediscovery re-initialises it,
+    so a GPU that appears later is seen without a restart (issue 30 #5)."""
     gpus = mi210(2)
-    gpus[1].lost = True  # absent at the first discovery
+    later = gpus.pop()
     async with monitoring(make_backend, gpus) as (backend, fake, sink):
-        assert set(fake.event_masks) == {fake.handle(0).value}
-        gpus[1].lost = False
+        await eventually(lambda: fake.event_mask(0) != 0)
+        index = fake.add(later)  # the GPU comes back
         assert len(await backend.discover()) == 2
-        await eventually(lambda: len(fake.event_masks) == 2)
-        fake.push_event(1, "GPU_PRE_RESET")
+        await eventually(lambda: fake.event_mask(index) != 0)
+        fake.push_event(index, "GPU_PRE_RESET")
         await eventually(lambda: len(sink.of("gpu-reset")) == 1)
-        await backend.discover()  # same devices: monitoring keeps running
     assert sink.of("gpu-reset")[0].device == "gpu-2-129"
+    assert fake.calls("amdsmi_init") == 2 and fake.calls("amdsmi_shut_down") >= 1
 
 
 def test_close_readers_never_raises() -> None:
     class Broken:
         def stop(self) -> None:
-            raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_FOUND)
+            raise AmdSmiLibraryException(STATUS_NOT_FOUND)
 
-    close_readers(FakeAmdSmi(), [Broken(), Broken()])
+    close_readers(load().module, [Broken(), Broken()])

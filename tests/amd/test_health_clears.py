@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import anyio
 import pytest
@@ -18,7 +16,7 @@ from agent.health.tracker import HealthTracker
 from backends.amd.backend import AmdBackend
 from tests.amd.conftest import MakeBackend
 from tests.amd.test_health import SETTINGS, Sink, eventually, monitoring, next_poll
-from tests.fakes.fake_amdsmi import AMDSMI_STATUS_NO_PERM, FakeAmdSmi, mi210
+from tests.fakes.amd_standin import STATUS_NO_PERM, StandIn, mi210
 from tests.support.clock import FakeClock
 
 
@@ -54,9 +52,9 @@ async def test_lost_gpu_stays_published_and_is_cleared_when_back(
 async def test_events_unmonitored_is_cleared_by_the_next_monitor(make_backend: MakeBackend) -> None:
     gpus = mi210(2)
     gpus[1].lost = True  # absent at the first discovery
-    async with monitoring(make_backend, gpus, events_error=AMDSMI_STATUS_NO_PERM) as (backend, fake, sink):
+    async with monitoring(make_backend, gpus, events_status=STATUS_NO_PERM) as (backend, fake, sink):
         await eventually(lambda: len(sink.of("unmonitored")) == 1)
-        fake.events_error = None
+        fake.set_behaviour(events_status=0)
         gpus[1].lost = False
         assert len(await backend.discover()) == 2  # a new GPU: a new monitor, whose readers open
         await eventually(lambda: len(sink.of("unmonitored")) == 3)
@@ -75,31 +73,25 @@ def wedge() -> Iterator[threading.Event]:
 
 
 async def test_hung_telemetry_holds_up_neither_health_nor_stop(
-    monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock, wedge: threading.Event
+    standin: StandIn, fake_clock: FakeClock
 ) -> None:
-    fake = FakeAmdSmi(mi210(1))
-    monkeypatch.setitem(sys.modules, "amdsmi", fake)
+    fake = standin.configure(mi210(1))
     backend = AmdBackend(BackendOptions("node-1", None, dict(SETTINGS)), clock=fake_clock, call_timeout=0.2)
     await backend.start()
     await backend.discover()
-
-    def hung(handle: Any) -> dict[str, Any]:
-        wedge.wait()
-        return {}
-
-    monkeypatch.setattr(fake, "amdsmi_get_gpu_activity", hung)
+    fake.set_behaviour(hang="amdsmi_get_gpu_activity")  # a wedged driver: the call never returns
     with pytest.raises(VendorCallTimeoutError, match="read_telemetry did not return"):
         await backend.telemetry()
     sink = Sink()
     async with anyio.create_task_group() as tg:
         tg.start_soon(backend.monitor_health, sink)
-        await eventually(lambda: fake.calls.get("amdsmi_get_gpu_ecc_enabled", 0) >= 1)  # RAS polled
+        await eventually(lambda: fake.calls("amdsmi_get_gpu_ecc_enabled") >= 1)  # RAS polled
         fake.push_event(0, "GPU_PRE_RESET")
         await eventually(lambda: len(sink.of("gpu-reset")) == 1)
         tg.cancel_scope.cancel()
     with anyio.fail_after(5):
         await backend.stop()
-    assert fake.shutdown_calls == 1
+    assert fake.calls("amdsmi_shut_down") == 1
 
 
 async def test_hung_shutdown_is_left_behind(
@@ -107,7 +99,7 @@ async def test_hung_shutdown_is_left_behind(
 ) -> None:
     backend, fake = make_backend(mi210(1), settings=dict(SETTINGS))
     await backend.start()
-    fake.amdsmi_shut_down = wedge.wait  # type: ignore[assignment]
+    fake.set_behaviour(hang="amdsmi_shut_down")
     with anyio.fail_after(5):
         await backend.stop()
     assert "amdsmi shutdown did not finish" in caplog.text

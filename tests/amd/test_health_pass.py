@@ -4,7 +4,6 @@ lost statuses met outside the pass, ECC reads shared with telemetry, and its set
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -28,14 +27,13 @@ from backends.amd.backend import AmdBackend
 from backends.amd.trends import RateWindow
 from tests.amd.conftest import MakeBackend
 from tests.amd.test_health import SETTINGS, Sink, eventually, monitoring, next_poll
-from tests.fakes.fake_amdsmi import (
-    AMDSMI_STATUS_DRIVER_NOT_LOADED,
-    AMDSMI_STATUS_FILE_ERROR,
-    AMDSMI_STATUS_NOT_FOUND,
+from tests.fakes.amd_standin import (
+    PAGE_PENDING,
+    PAGE_UNRESERVABLE,
+    STATUS_DRIVER_NOT_LOADED,
+    STATUS_NOT_FOUND,
     AmdSmiLibraryException,
-    AmdSmiMemoryPageStatus,
-    AmdSmiXgmiStatus,
-    FakeAmdSmi,
+    StandIn,
     bad_page,
     mi210,
     mi300x,
@@ -106,14 +104,14 @@ async def test_bad_pages_pending_then_threshold_then_cleared(
     gpus = mi300x("cpx_nps4", count=1)
     gpus[0].bad_page_threshold = 3
     async with monitoring(make_backend, gpus) as (_, _, sink):
-        gpus[0].bad_pages = [bad_page(0x1000, AmdSmiMemoryPageStatus.PENDING)]
+        gpus[0].bad_pages = [bad_page(0x1000, PAGE_PENDING)]
         await next_poll(sink, fake_clock)
         await next_poll(sink, fake_clock)  # unchanged: not reported again
         assert len(sink.of("bad-pages")) == 8
         gpus[0].bad_pages = [
             bad_page(0x1000),
             bad_page(0x2000),
-            bad_page(0x3000, AmdSmiMemoryPageStatus.UNRESERVABLE),
+            bad_page(0x3000, PAGE_UNRESERVABLE),
         ]
         await next_poll(sink, fake_clock)
         assert len(sink.of("bad-pages")) == 16
@@ -170,10 +168,10 @@ async def test_pcie_replay_rate_over_and_under_its_threshold(
 async def test_xgmi_errors_while_the_status_says_so(make_backend: MakeBackend, fake_clock: FakeClock) -> None:
     gpus = mi300x(count=2)
     async with monitoring(make_backend, gpus) as (_, _, sink):
-        gpus[1].xgmi_status = AmdSmiXgmiStatus.MULTIPLE_ERRORS
+        gpus[1].xgmi_status = 2
         await next_poll(sink, fake_clock)
         await next_poll(sink, fake_clock)
-        gpus[1].xgmi_status = AmdSmiXgmiStatus.NO_ERRORS  # reset (amd-smi reset --xgmi-err)
+        gpus[1].xgmi_status = 0  # reset (amd-smi reset --xgmi-err)
         await next_poll(sink, fake_clock)
     raised, cleared = sink.of("xgmi-errors")
     assert (raised.device, raised.severity, raised.kind) == ("gpu-2-129", Severity.INFO, ConditionKind.STATE)
@@ -186,18 +184,18 @@ async def test_an_unsupported_check_is_skipped_with_one_log_line(
 ) -> None:
     caplog.set_level(logging.INFO, "agent.backends.amd")
     gpus = mi210(1)  # no XGMI, no CPER
-    gpus[0].bad_page_threshold = "N/A"  # what amdsmi answers without root
-    gpus[0].pcie_replay_count = "N/A"
+    gpus[0].bad_page_threshold = None  # without root amdsmi answers NOT_SUPPORTED
+    gpus[0].pcie_replay_count = None  # UINT64_MAX: the binding gives "N/A"
     async with monitoring(make_backend, gpus) as (_, fake, sink):
         for _ in range(5):
             await next_poll(sink, fake_clock)
-        gpus[0].bad_pages = [bad_page(0x1000, AmdSmiMemoryPageStatus.PENDING)]  # the rest still works
+        gpus[0].bad_pages = [bad_page(0x1000, PAGE_PENDING)]  # the rest still works
         await next_poll(sink, fake_clock)
     skipped = [r for r in caplog.records if r.getMessage() == SKIP_LOG]
     checks = sorted(r.__dict__["fields"]["check"] for r in skipped)
     assert checks == ["bad-page-threshold", "cper", "pcie-replay-rate", "xgmi-errors"]
-    assert fake.calls["amdsmi_gpu_xgmi_error_status"] == 1
-    assert fake.calls["amdsmi_get_gpu_bad_page_threshold"] == 1
+    assert fake.calls("amdsmi_gpu_xgmi_error_status") == 1
+    assert fake.calls("amdsmi_get_gpu_bad_page_threshold") == 1
     assert all(failed == [] and devices == {"gpu-1-128"} for devices, failed in sink.passes)
     (pending,) = sink.of("bad-pages")
     assert pending.severity is Severity.WARNING
@@ -206,12 +204,9 @@ async def test_an_unsupported_check_is_skipped_with_one_log_line(
 async def test_a_lost_status_from_one_check_while_the_gpu_answers_skips_that_check(
     make_backend: MakeBackend, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    backend, fake = make_backend(mi210(1), settings=dict(SETTINGS))
-
-    def missing_file(handle: Any) -> list[dict[str, Any]]:
-        raise AmdSmiLibraryException(AMDSMI_STATUS_FILE_ERROR)  # no RAS EEPROM table on this board
-
-    monkeypatch.setattr(fake, "amdsmi_get_gpu_bad_page_info", missing_file)
+    gpus = mi210(1)
+    gpus[0].fail = {"amdsmi_get_gpu_bad_page_info": STATUS_NOT_FOUND}  # no RAS EEPROM table here
+    backend, _ = make_backend(gpus, settings=dict(SETTINGS))
     await backend.start()
     await backend.discover()
     sink = Sink()
@@ -225,21 +220,12 @@ async def test_a_lost_status_from_one_check_while_the_gpu_answers_skips_that_che
     assert all(devices == {"gpu-1-128"} for devices, _ in sink.passes)
 
 
-async def test_a_hung_check_fails_the_check_not_the_gpu(
-    monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock, wedge: threading.Event
-) -> None:
-    fake = FakeAmdSmi(mi210(2))
-    monkeypatch.setitem(sys.modules, "amdsmi", fake)
+async def test_a_hung_check_fails_the_check_not_the_gpu(standin: StandIn, fake_clock: FakeClock) -> None:
+    fake = standin.configure(mi210(2))
     backend = AmdBackend(BackendOptions("node-1", None, dict(SETTINGS)), clock=fake_clock, call_timeout=0.2)
     await backend.start()
     await backend.discover()
-    original = fake.amdsmi_get_gpu_bad_page_info
-
-    def hung(handle: Any) -> list[dict[str, Any]]:
-        wedge.wait()
-        return original(handle)
-
-    monkeypatch.setattr(fake, "amdsmi_get_gpu_bad_page_info", hung)
+    fake.set_behaviour(hang="amdsmi_get_gpu_bad_page_info")
     sink = Sink()
     async with anyio.create_task_group() as tg:
         tg.start_soon(backend.monitor_health, sink)
@@ -248,8 +234,7 @@ async def test_a_hung_check_fails_the_check_not_the_gpu(
         assert sink.passes[0] == (set(), ["bad-pages"])
         await next_poll(sink, fake_clock)  # the lane is still held: the same check is named
         assert sink.passes[1] == (set(), ["bad-pages"])
-        monkeypatch.setattr(fake, "amdsmi_get_gpu_bad_page_info", original)
-        wedge.set()  # the call returns, and the lane is free again
+        fake.release()  # the call returns, and the lane is free again
         await next_poll(sink, fake_clock)
         tg.cancel_scope.cancel()
     await backend.stop()
@@ -263,7 +248,7 @@ async def test_a_lost_status_met_by_telemetry_is_reported_by_the_next_pass(
     gpus = mi210(2)
     async with monitoring(make_backend, gpus) as (backend, _, sink):
         gpus[1].lost = True
-        await backend.telemetry()  # every call answers NOT_FOUND
+        await backend.telemetry()  # DRM calls answer DRM_ERROR, sysfs reads an unknown error
         gpus[1].lost = False  # back before the pass looks (a reset): the loss is not silent
         await next_poll(sink, fake_clock)
         assert [d.name for d in await backend.discover()] == ["gpu-1-128", "gpu-2-129"]
@@ -275,20 +260,15 @@ async def test_a_lost_status_met_by_telemetry_is_reported_by_the_next_pass(
         ConditionKind.STATE,
         False,
     )
-    assert lost.message.startswith("GPU stopped answering: telemetry: amdsmi_get_gpu_activity")
-    assert "AMDSMI_STATUS_NOT_FOUND" in lost.message
+    assert lost.message.startswith("GPU stopped answering: telemetry: amdsmi_get_gpu_vram_usage")
+    assert "STATUS_DRM_ERROR" in lost.message
     assert (back.device, back.cleared) == ("gpu-2-129", True)
 
 
-async def test_one_failing_sensor_is_not_a_lost_gpu(
-    make_backend: MakeBackend, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async with monitoring(make_backend, mi210(1)) as (backend, fake, sink):
-
-        def no_hwmon(handle: Any) -> dict[str, Any]:
-            raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_FOUND)
-
-        monkeypatch.setattr(fake, "amdsmi_get_power_info", no_hwmon)
+async def test_one_failing_sensor_is_not_a_lost_gpu(make_backend: MakeBackend, fake_clock: FakeClock) -> None:
+    gpus = mi210(1)
+    async with monitoring(make_backend, gpus) as (backend, _, sink):
+        gpus[0].fail = {"amdsmi_get_power_info": STATUS_NOT_FOUND}  # no hwmon
         (reading,) = await backend.telemetry()
         assert reading.power_watts is None and reading.memory_total_bytes is not None
         await next_poll(sink, fake_clock)
@@ -310,15 +290,16 @@ async def test_rediscovery_keeps_a_lost_gpu_published(
         await next_poll(sink, fake_clock)
 
         def unloaded() -> list[Any]:
-            raise AmdSmiLibraryException(AMDSMI_STATUS_DRIVER_NOT_LOADED)
+            raise AmdSmiLibraryException(STATUS_DRIVER_NOT_LOADED)
 
-        fake.amdsmi_get_processor_handles = unloaded  # type: ignore[method-assign]
-        assert {d.name for d in await backend.discover()} == names(1, 16)  # the driver went away
-        await next_poll(sink, fake_clock)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fake.module, "amdsmi_get_processor_handles", unloaded)
+            assert {d.name for d in await backend.discover()} == names(1, 16)  # the driver went away
+            await next_poll(sink, fake_clock)
     lost = sink.of(GPU_LOST)
     assert {e.device for e in lost} == names(1, 16)
     assert {e.device for e in lost[:8]} == names(9, 8)  # the second GPU first, then the first
-    assert "rediscovery" in lost[-1].message and "DRIVER_NOT_LOADED" in lost[-1].message
+    assert "amdsmi no longer lists this GPU" in lost[-1].message  # its handle is from before the re-init
 
 
 async def test_telemetry_reuses_the_passs_ecc_reads(make_backend: MakeBackend) -> None:
@@ -326,12 +307,12 @@ async def test_telemetry_reuses_the_passs_ecc_reads(make_backend: MakeBackend) -
     gpus[0].ecc_correctable = {"UMC": 7, "SDMA": 2}
     gpus[0].ecc_uncorrectable = {"GFX": 1}
     async with monitoring(make_backend, gpus) as (backend, fake, _):
-        reads = fake.calls["amdsmi_get_gpu_ecc_count"]
+        reads = fake.calls("amdsmi_get_gpu_ecc_count")
         readings = await backend.telemetry()
         await backend.telemetry()
-        assert fake.calls["amdsmi_get_gpu_ecc_count"] == reads  # telemetry read no counter again
-        assert fake.calls.get("amdsmi_get_gpu_total_ecc_count", 0) == 0
-        library_totals = fake.amdsmi_get_gpu_total_ecc_count(fake.handle(0))
+        assert fake.calls("amdsmi_get_gpu_ecc_count") == reads  # telemetry read no counter again
+        assert fake.calls("amdsmi_get_gpu_total_ecc_count") == 0
+        library_totals = fake.module.amdsmi_get_gpu_total_ecc_count(fake.handle(0))
     assert len(readings) == 8
     # The GPU's counts, on each of its partitions (ECC is per physical GPU), as the library sums them.
     assert {(r.ecc_corrected_total, r.ecc_uncorrected_total) for r in readings} == {(9, 1)}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 
 import anyio
@@ -25,7 +24,7 @@ from agent.health.taints import ClusterTaintSupport, TaintPolicy
 from agent.health.tracker import HealthTracker
 from agent.kube.pool import build_pool
 from tests.amd.conftest import MakeBackend
-from tests.fakes.fake_amdsmi import AMDSMI_STATUS_DRIVER_NOT_LOADED, FakeAmdSmi, mi300x
+from tests.fakes.amd_standin import STATUS_DRIVER_NOT_LOADED, StandIn, mi300x
 from tests.support.clock import FakeClock
 
 SEED_SELECTOR = (
@@ -102,13 +101,12 @@ class NvidiaNamedBackend:
 
 
 async def test_mixed_node_publishes_both_drivers_and_amd_fault_taints_amd_only(
-    monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock
+    monkeypatch: pytest.MonkeyPatch, fake_clock: FakeClock, standin: StandIn
 ) -> None:
     import agent.app
     from agent.core.backend import load_backend_factory
 
-    fake = FakeAmdSmi(mi300x("cpx_nps4", count=1))
-    monkeypatch.setitem(sys.modules, "amdsmi", fake)
+    fake = standin.configure(mi300x("cpx_nps4", count=1))
 
     def factory(name: str) -> object:
         if name == "nvidia":
@@ -144,7 +142,7 @@ async def test_mixed_node_publishes_both_drivers_and_amd_fault_taints_amd_only(
     # The slice devices satisfy the same selectors users write.
     assert matches(PARTITION_SELECTOR, amd_devices[0], driver="gpu.amd.com")
 
-    # A reset fed through the fake amdsmi ends as taints on the AMD GPU's partitions only.
+    # A reset fed through the real amdsmi over the stand-in ends as taints on the AMD GPU's partitions only.
     inventory = Inventory(amd.driver_name)
     inventory.set_devices(await amd.discover())
     tracker = HealthTracker(inventory, fake_clock, hold_seconds=60)
@@ -167,8 +165,8 @@ async def test_mixed_node_publishes_both_drivers_and_amd_fault_taints_amd_only(
         await backend.stop()
 
 
-def test_cli_devices_backend_amd(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi(mi300x("cpx_nps4", count=1)))
+def test_cli_devices_backend_amd(standin: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
+    standin.configure(mi300x("cpx_nps4", count=1))
     assert main(["devices", "--backend", "amd:sysfs-root=/dev/null", "-o", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in rows] == [f"gpu-{1 + i}-{128 + i}" for i in range(8)]
@@ -177,17 +175,15 @@ def test_cli_devices_backend_amd(monkeypatch: pytest.MonkeyPatch, capsys: pytest
     assert rows[0]["capacity"]["computeUnits"] == "38"
 
 
-def test_cli_devices_table(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi(mi300x(count=1)))
+def test_cli_devices_table(standin: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
+    standin.configure(mi300x(count=1))
     assert main(["devices", "--backend", "amd:sysfs-root=/dev/null"]) == 0
     out = capsys.readouterr().out
     assert "gpu-1-128" in out and "AMD_Instinct_MI300X_OAM" in out and "196592Mi" in out and "amdgpu" in out
 
 
-def test_cli_devices_driver_not_loaded(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi([], init_error=AMDSMI_STATUS_DRIVER_NOT_LOADED))
+def test_cli_devices_driver_not_loaded(standin: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
+    standin.configure([], init_status=STATUS_DRIVER_NOT_LOADED)
     assert main(["devices", "--backend", "amd"]) == 1
     assert "modprobe amdgpu" in capsys.readouterr().err
 

@@ -126,3 +126,10 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def cluster_role_rules(values: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The rules of the agent's ClusterRole as the chart renders it."""
+    (role,) = [o for o in render_objects(values) if o["kind"] == "ClusterRole"]
+    rules: list[dict[str, Any]] = role["rules"]
+    return rules

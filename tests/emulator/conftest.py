@@ -85,13 +85,13 @@ async def send(
     *,
     query: dict[str, str] | None = None,
     content_type: str = "application/json",
+    token: str = "",
 ) -> tuple[int, dict[str, Any], str]:
-    """One raw HTTP request: status, decoded body and the Warning header."""
+    """One raw HTTP request: status, decoded body and the Warning header (`token`: a bearer token)."""
     data = body if isinstance(body, str) or body is None else json.dumps(body)
+    headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if token else {})}
     async with (
         aiohttp.ClientSession() as session,
-        session.request(
-            method, emu.url + path, data=data, params=query or {}, headers={"Content-Type": content_type}
-        ) as response,
+        session.request(method, emu.url + path, data=data, params=query or {}, headers=headers) as response,
     ):
         return response.status, await response.json(), response.headers.get("Warning", "")

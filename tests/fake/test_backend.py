@@ -12,7 +12,8 @@ import backends.fake.backend as fake_backend_module
 from agent.core.backend import Backend, ClaimRef, ConditionKind, HealthEvent
 from agent.core.errors import BackendError, DeviceNotFoundError
 from agent.core.model import Severity
-from backends.fake.backend import MAX_QUEUED_EVENTS, FaultError, condition_defaults
+from backends.fake.backend import MAX_QUEUED_EVENTS
+from backends.fake.conditions import FaultError, condition_defaults
 from backends.fake.sharing import FakeGpuPolicy
 from tests.fake.helpers import Collector, make_backends
 from tests.support.clock import FakeClock

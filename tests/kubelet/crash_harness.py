@@ -57,15 +57,15 @@ class CrashInGroupWrite:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from agent.claims.state import DeviceState
+    from agent.claims.state.machine import DeviceState
     from agent.core.backend import ClaimRef
     from tests.kubelet.fakes import DRIVER, NODE, FakeClaimSource, FileBackend, PlanningFileBackend
 
     if args.crash_in_group_write:
-        import agent.claims.checkpointwrites
+        import agent.claims.checkpoint.file
 
-        vars(agent.claims.checkpointwrites)["_append"] = CrashInGroupWrite(
-            args.crash_in_group_write, agent.claims.checkpointwrites._append
+        vars(agent.claims.checkpoint.file)["_append"] = CrashInGroupWrite(
+            args.crash_in_group_write, agent.claims.checkpoint.file._append
         )
     root = Path(args.root)
     claims = json.loads((root / "claims.json").read_text())

@@ -15,12 +15,13 @@ from typing import Any
 import anyio
 import pytest
 
-import agent.claims.checkpointcommit
-import agent.claims.checkpointload
-import agent.claims.checkpointstore
-import agent.claims.checkpointwrites
+import agent.claims.checkpoint.commit
+import agent.claims.checkpoint.file
+import agent.claims.checkpoint.store
 import agent.core.atomicfile
-from agent.claims.checkpoint import (
+from agent.claims.checkpoint.commit import PeerWatch
+from agent.claims.checkpoint.file import load_checkpoint, read_boot_id, remove_temp_files
+from agent.claims.checkpoint.format import (
     CheckpointCorruptError,
     CheckpointData,
     CheckpointDevice,
@@ -34,9 +35,7 @@ from agent.claims.checkpoint import (
     encode_record,
     entry_json,
 )
-from agent.claims.checkpointload import load_checkpoint, read_boot_id, remove_temp_files
-from agent.claims.checkpointpeers import PeerWatch
-from agent.claims.checkpointstore import CheckpointStore, CheckpointWriteError, _InFlight
+from agent.claims.checkpoint.store import CheckpointStore, CheckpointWriteError, _InFlight
 from agent.core.sharing import OpaqueConfig
 from tests.support.hops import count_hops
 
@@ -59,13 +58,13 @@ def disk_full(fd: int, data: bytes) -> None:
 def count_writes(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """From now on, one item per checkpoint write (group commit) is appended to the list returned."""
     writes: list[object] = []
-    real = agent.claims.checkpointcommit._write_group
+    real = agent.claims.checkpoint.commit._write_group
 
     def counting(*args: Any) -> Any:
         writes.append(args[1])
         return real(*args)
 
-    monkeypatch.setattr(agent.claims.checkpointstore, "_write_group", counting)
+    monkeypatch.setattr(agent.claims.checkpoint.store, "_write_group", counting)
     return writes
 
 
@@ -218,9 +217,9 @@ def test_deeply_nested_file_is_quarantined_not_a_recursion_error(tmp_path: Path)
 def test_oversized_file_is_quarantined_without_reading_it_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agent.claims.checkpointload
+    import agent.claims.checkpoint.file
 
-    monkeypatch.setattr(agent.claims.checkpointload, "MAX_CHECKPOINT_BYTES", 100)
+    monkeypatch.setattr(agent.claims.checkpoint.file, "MAX_CHECKPOINT_BYTES", 100)
     path = tmp_path / "checkpoint.json"
     path.write_bytes(encode(CheckpointData("b", {"u1": ENTRY})))
     outcome = load_checkpoint(path, now=1.0)
@@ -652,7 +651,7 @@ def test_an_unfinished_last_record_is_dropped_and_reported_in_the_shape(tmp_path
 async def test_the_journal_is_compacted_once_it_outgrows_its_snapshot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(agent.claims.checkpointwrites, "COMPACT_AFTER_BYTES", 2_000)
+    monkeypatch.setattr(agent.claims.checkpoint.file, "COMPACT_AFTER_BYTES", 2_000)
     path = tmp_path / "checkpoint.json"
     store = CheckpointStore(path, "boot-1")
     sizes = []
@@ -668,8 +667,8 @@ async def test_the_journal_is_compacted_once_it_outgrows_its_snapshot(
 async def test_a_large_snapshots_journal_is_compacted_before_the_file_outgrows_its_read_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(agent.claims.checkpointwrites, "COMPACT_AFTER_BYTES", 100)
-    monkeypatch.setattr(agent.claims.checkpointwrites, "MAX_CHECKPOINT_BYTES", 20_000)
+    monkeypatch.setattr(agent.claims.checkpoint.file, "COMPACT_AFTER_BYTES", 100)
+    monkeypatch.setattr(agent.claims.checkpoint.file, "MAX_CHECKPOINT_BYTES", 20_000)
     path = tmp_path / "checkpoint.json"
     store = CheckpointStore(path, "boot-1")
     for i in range(40):  # a snapshot larger than a quarter of the limit

@@ -18,11 +18,11 @@ import anyio.lowlevel
 import anyio.to_thread
 import pytest
 
-import agent.claims.checkpointcommit
-import agent.claims.checkpointstore
-from agent.claims.checkpoint import ClaimEntry, ClaimPhase, decode
-from agent.claims.checkpointcommit import _Write
-from agent.claims.checkpointstore import CheckpointStore
+import agent.claims.checkpoint.commit
+import agent.claims.checkpoint.store
+from agent.claims.checkpoint.commit import _Write
+from agent.claims.checkpoint.format import ClaimEntry, ClaimPhase, decode
+from agent.claims.checkpoint.store import CheckpointStore
 
 
 class HeldWrites:
@@ -33,7 +33,7 @@ class HeldWrites:
         self._gates: list[threading.Event] = []
         self._started = anyio.Event()
         self._open = False
-        real = agent.claims.checkpointcommit._write_group
+        real = agent.claims.checkpoint.commit._write_group
 
         def held(path: Path, job: _Write, *rest: Any) -> Any:
             gate = threading.Event()
@@ -45,7 +45,7 @@ class HeldWrites:
             gate.wait()
             return real(path, job, *rest)
 
-        monkeypatch.setattr(agent.claims.checkpointstore, "_write_group", held)
+        monkeypatch.setattr(agent.claims.checkpoint.store, "_write_group", held)
 
     async def started(self, count: int) -> _Write:
         """The `count`-th write (from 1), once its worker thread holds it."""

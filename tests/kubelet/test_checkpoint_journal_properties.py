@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import agent.claims.checkpointwrites
-from agent.claims.checkpoint import (
+import agent.claims.checkpoint.file
+from agent.claims.checkpoint.format import (
     CheckpointCorruptError,
     CheckpointDevice,
     ClaimEntry,
@@ -26,7 +26,7 @@ from agent.claims.checkpoint import (
     decode,
     decode_file,
 )
-from agent.claims.checkpointstore import CheckpointStore
+from agent.claims.checkpoint.store import CheckpointStore
 
 UIDS = [f"u{i}" for i in range(4)]
 
@@ -67,7 +67,7 @@ def test_replaying_the_file_gives_memory(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, history: Any, small: bool
 ) -> None:
     if small:  # compact every few records
-        monkeypatch.setattr(agent.claims.checkpointwrites, "COMPACT_AFTER_BYTES", 300)
+        monkeypatch.setattr(agent.claims.checkpoint.file, "COMPACT_AFTER_BYTES", 300)
     path = tmp_path_factory.mktemp("journal") / "checkpoint.json"
     states = anyio.run(apply, path, history)
     assert decode(path.read_bytes()).entries == states[-1]

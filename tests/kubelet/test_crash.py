@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from agent.claims.checkpoint import ClaimPhase, decode
-from agent.claims.state import DeviceState
-from agent.claims.statehooks import Step
+from agent.claims.checkpoint.format import ClaimPhase, decode
+from agent.claims.state.hooks import Step
+from agent.claims.state.machine import DeviceState
 from agent.core.backend import ClaimRef
 from tests.kubelet.fakes import DRIVER, NODE, FakeClaimSource, FileBackend, make_claim, ref_of
 

@@ -10,15 +10,16 @@ import anyio
 import pytest
 import yaml
 
-import agent.claims.checkpointload
-import agent.claims.checkpointwrites
+import agent.claims.checkpoint.file
+import agent.claims.state.prepare
+import agent.claims.state.unprepare
 import agent.core.atomicfile
-from agent.claims.checkpoint import ClaimPhase, decode
-from agent.claims.checkpointstore import CheckpointWriteError
+from agent.claims.checkpoint.format import ClaimPhase, decode
+from agent.claims.checkpoint.store import CheckpointWriteError
 from agent.claims.filelock import FileLock
 from agent.claims.preparer import ClaimPreparer, PreparedDevice, PrepareResult
-from agent.claims.state import DeviceState
-from agent.claims.statehooks import Step
+from agent.claims.state.hooks import Step
+from agent.claims.state.machine import DeviceState
 from agent.core.backend import ClaimRef
 from agent.core.errors import ClaimRequestError, KubeApiError
 from agent.observe.metrics import Metrics
@@ -460,8 +461,8 @@ async def test_internal_errors_answer_every_claim(tmp_path: Path, monkeypatch: p
     async def broken(*args: Any) -> Any:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(state, "_prepare_claim", broken)
-    monkeypatch.setattr(state, "_unprepare_claim", broken)
+    monkeypatch.setattr(agent.claims.state.prepare, "_prepare_claim", broken)
+    monkeypatch.setattr(agent.claims.state.unprepare, "_unprepare_claim", broken)
     assert "internal error" in (await state.prepare([ref_of(claim)]))[UID].error
     assert "internal error" in (await state.unprepare([ref_of(claim)]))[UID]
 
@@ -592,18 +593,18 @@ async def test_steps_are_reported_in_order(tmp_path: Path) -> None:
 async def test_file_lock_rereads_the_checkpoint_only_after_another_writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The cache of `DeviceState._serialized`: memory is trusted while the file is our last write."""
+    """The cache of `DriverState.serialized`: memory is trusted while the file is our last write."""
     c1, c2 = make_claim(UID), make_claim("u2", devices=("gpu-1",))
     source = FakeClaimSource([c1, c2])
     lock = tmp_path / "serialize.lock"
     reads: list[Path] = []
-    real_load = agent.claims.checkpointload.load_checkpoint
+    real_load = agent.claims.checkpoint.file.load_checkpoint
 
     def counting(path: Path, now: float | None = None) -> Any:
         reads.append(path)
         return real_load(path, now)
 
-    monkeypatch.setattr(agent.claims.checkpointwrites, "load_checkpoint", counting)
+    monkeypatch.setattr(agent.claims.checkpoint.file, "load_checkpoint", counting)
     old, _ = build(tmp_path, source, lock_path=lock)
     await old.start()
     assert (await old.prepare([ref_of(c1)]))[UID].error == ""

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import agent.core.atomicfile
-from agent.claims.checkpoint import ClaimPhase
+from agent.claims.checkpoint.format import ClaimPhase
 from tests.kubelet.fakes import DRIVER, NODE, FakeClaimSource, PlanningBackend, make_claim, ref_of
 from tests.kubelet.test_state import UID, build, checkpoint, spec_path
 from tests.support.hops import count_hops

@@ -7,8 +7,15 @@ from typing import Any
 
 import pytest
 
-from agent.claims.checkpoint import CheckpointData, CheckpointDevice, ClaimEntry, ClaimPhase, decode, encode
-from agent.claims.state import DeviceState
+from agent.claims.checkpoint.format import (
+    CheckpointData,
+    CheckpointDevice,
+    ClaimEntry,
+    ClaimPhase,
+    decode,
+    encode,
+)
+from agent.claims.state.machine import DeviceState
 from agent.core.clock import SystemClock
 from agent.observe.metrics import Metrics
 from tests.kubelet.fakes import DRIVER, NODE, FakeBackend, FakeClaimSource, FakeEvents, make_claim, ref_of

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import agent.core.atomicfile
-from agent.claims.checkpoint import ClaimPhase
+from agent.claims.checkpoint.format import ClaimPhase
 from agent.observe.metrics import Metrics
 from tests.kubelet.fakes import FakeClaimSource, make_claim, ref_of
 from tests.kubelet.test_state import UID, build, checkpoint, spec_path

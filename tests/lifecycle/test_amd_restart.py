@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +18,8 @@ import pytest
 from agent.core.backend import BackendOptions, HealthEvent
 from backends.amd.backend import AmdBackend
 from backends.amd.eccstate import ECC_STATE_FILE, boot_id
-from tests.fakes.fake_amdsmi import FakeAmdSmi, mi300x
+from tests.amd.test_health import Sink
+from tests.fakes.amd_standin import StandIn, load, mi300x
 from tests.support.clock import FakeClock
 
 SETTINGS = {"sysfs-root": os.devnull, "poll-interval": "10", "event-timeout-ms": "5"}
@@ -31,26 +31,21 @@ async def eventually(check: Callable[[], bool]) -> None:
             await anyio.sleep(0.005)
 
 
-async def run_once(fake: FakeAmdSmi, state: Path, clock: FakeClock) -> list[HealthEvent]:
+async def run_once(fake: StandIn, state: Path, clock: FakeClock) -> list[HealthEvent]:
     """One agent process's AMD backend: start, poll twice (the second saves the counts), stop."""
-    events: list[HealthEvent] = []
-
-    async def sink(event: HealthEvent) -> None:
-        events.append(event)
-
+    sink = Sink()
     backend = AmdBackend(BackendOptions("node-1", None, SETTINGS, state_dir=state), clock=clock)
     await backend.start()
     await backend.discover()
-    before = fake.calls.get("amdsmi_get_gpu_vram_usage", 0)
     async with anyio.create_task_group() as tg:
         tg.start_soon(backend.monitor_health, sink)
-        await eventually(lambda: fake.calls.get("amdsmi_get_gpu_vram_usage", 0) > before)
+        await eventually(lambda: len(sink.passes) >= 1)  # the first pass's counts are in memory
         clock.advance(10)
         await eventually((state / "gpu.amd.com" / ECC_STATE_FILE).exists)
-        await eventually(lambda: fake.calls.get("amdsmi_get_gpu_vram_usage", 0) > before + 1)
+        await eventually(lambda: len(sink.passes) >= 2)
         tg.cancel_scope.cancel()
     await backend.stop()
-    return [e for e in events if e.condition == "ecc-uncorrectable"]
+    return sink.of("ecc-uncorrectable")
 
 
 async def test_errors_while_the_agent_was_down_are_reported_after_the_restart(
@@ -58,8 +53,7 @@ async def test_errors_while_the_agent_was_down_are_reported_after_the_restart(
 ) -> None:
     gpus = mi300x("spx_nps1", count=1)
     gpus[0].ecc_uncorrectable = {"UMC": 3}  # from before the agent ever started: a baseline
-    fake = FakeAmdSmi(gpus)
-    monkeypatch.setitem(sys.modules, "amdsmi", fake)
+    fake = load().configure(gpus)
     assert await run_once(fake, tmp_path, fake_clock) == []
 
     gpus[0].ecc_uncorrectable = {"UMC": 5}  # while the agent restarts
@@ -72,8 +66,7 @@ async def test_after_a_reboot_the_first_reading_is_the_baseline_again(
 ) -> None:
     gpus = mi300x("spx_nps1", count=1)
     gpus[0].ecc_uncorrectable = {"UMC": 7}
-    fake = FakeAmdSmi(gpus)
-    monkeypatch.setitem(sys.modules, "amdsmi", fake)
+    fake = load().configure(gpus)
     saved = tmp_path / "gpu.amd.com" / ECC_STATE_FILE
     saved.parent.mkdir()
     gpu_key = "0000:05:00.0"

@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from agent.claims.checkpoint import decode
+from agent.claims.checkpoint.format import decode
 from agent.emulator import KubeApiEmulator
 from tests.kubelet.grpc_support import V1, grpcio_protos, grpcio_unary
 from tests.lifecycle.harness import (

@@ -1,4 +1,5 @@
-"""Fixtures of the NVIDIA backend tests: a fake NVML node, a sysfs tree, a backend factory."""
+"""Fixtures of the NVIDIA backend tests: an NVML node (pynvml over the stand-in libnvidia-ml), a
+sysfs tree, a backend factory."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from agent.core.backend import BackendOptions, HealthEvent
 from backends.nvidia import NvidiaBackend
 from backends.nvidia.capnodes import NodeMaker, mknod
-from tests.fakes.fake_pynvml import FakeNvml, a100_full_mig, a100_mig, h100, l4
+from tests.fakes.libnvml import LibNvml, a100_full_mig, a100_mig, h100, l4
 from tests.support.clock import FakeClock
 
 # Bus IDs of the fixture GPUs and their PCIe roots: the two A100s share one root, H100 and L4 another.
@@ -39,9 +40,9 @@ def build_sysfs(root: Path, roots: Mapping[str, str] = PCIE_ROOTS) -> Path:
 
 
 @pytest.fixture
-def fake() -> FakeNvml:
+def fake() -> LibNvml:
     """A node with an A100 (four MIG devices), an A100 (one 7g.80gb), an H100 and an L4."""
-    return FakeNvml([a100_mig(0), a100_full_mig(1), h100(2), l4(3)])
+    return LibNvml([a100_mig(0), a100_full_mig(1), h100(2), l4(3)])
 
 
 @pytest.fixture
@@ -54,14 +55,14 @@ BackendFactory = Callable[..., NvidiaBackend]
 
 @pytest.fixture
 def make_backend(tmp_path: Path, sysfs: Path, fake_clock: FakeClock) -> BackendFactory:
-    """``make_backend(fake, **settings)``: a backend on the fake NVML with test roots.
+    """``make_backend(fake, **settings)``: a backend on the stand-in libnvidia-ml with test roots.
 
     The host's filesystem is ``tmp_path/host`` (setting ``host-root``) unless a test says otherwise;
     device nodes are read from ``tmp_path/dev`` unless ``real_dev_dir`` (then: as the backend finds them).
     """
 
     def factory(
-        nvml: FakeNvml,
+        nvml: LibNvml,
         driver_name: str | None = None,
         *,
         real_dev_dir: bool = False,
@@ -148,7 +149,8 @@ class Sink:
 
 
 async def until(predicate: Callable[[], object]) -> None:
-    """Poll (bounded) for a state that the fake NVML's worker thread changes; no event can signal it."""
+    """Poll (bounded) for a state that a worker thread changes in the stand-in libnvidia-ml; no
+    event can signal it."""
     with anyio.fail_after(5):
         for _ in itertools.count():
             if predicate():

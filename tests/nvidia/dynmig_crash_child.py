@@ -22,7 +22,7 @@ import anyio
 from agent.core.backend import BackendOptions, ClaimRef
 from backends.nvidia import NvidiaBackend
 from backends.nvidia.migjournal import MigEntry, MigJournal
-from tests.fakes.fake_pynvml import FakeMig, MigNvml, dynamic_gpu
+from tests.fakes.libnvml import FakeMig, MigLibNvml, dynamic_gpu
 
 DEVICE = "gpu-0-mig-3g40gb-9-4"
 CLAIM = ClaimRef("default", "claim-1", "uid-1")
@@ -33,7 +33,9 @@ def main(hardware: Path, journal_dir: Path, kill_at: str, actions: list[str]) ->
     (root / "dev").mkdir(parents=True, exist_ok=True)
     for node in ("nvidiactl", "nvidia0"):
         (root / "dev" / node).touch()
-    fake = MigNvml([dynamic_gpu("NVIDIA A100-SXM4-80GB", 0)], proc_root=root / "proc", dev_root=root / "dev")
+    fake = MigLibNvml(
+        [dynamic_gpu("NVIDIA A100-SXM4-80GB", 0)], proc_root=root / "proc", dev_root=root / "dev"
+    )
     gpu = fake.gpus[0]
     if hardware.exists():
         gpu.migs = [FakeMig(**item) for item in json.loads(hardware.read_text())]

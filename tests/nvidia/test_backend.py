@@ -14,7 +14,7 @@ from agent.core.backend import Backend, BackendOptions
 from agent.core.errors import BackendError, ConfigError
 from backends.nvidia import NvidiaBackend, create_backend
 from backends.nvidia.nvml import Nvml, find_library_dir, load_pynvml
-from tests.fakes.fake_pynvml import MIB, FakeNvml, a100_mig, h100, install, l4
+from tests.fakes.libnvml import MIB, LibNvml, a100_mig, h100, install, l4
 from tests.nvidia.conftest import BackendFactory, Sink, monitoring
 from tests.support.clock import FakeClock
 
@@ -50,7 +50,7 @@ def test_bad_driver_name() -> None:
 
 
 async def test_library_not_found_says_where_and_how(make_backend: BackendFactory) -> None:
-    fake = FakeNvml([], init_error=int(real.NVML_ERROR_LIBRARY_NOT_FOUND))
+    fake = LibNvml([], init_error=int(real.NVML_ERROR_LIBRARY_NOT_FOUND))
     backend = make_backend(fake, driver_root="/run/nvidia/driver")
     with pytest.raises(BackendError) as caught:
         await backend.start()
@@ -76,7 +76,7 @@ async def test_library_not_found_says_where_and_how(make_backend: BackendFactory
     ],
 )
 async def test_init_errors(make_backend: BackendFactory, code: int, needle: str) -> None:
-    backend = make_backend(FakeNvml([], init_error=code))
+    backend = make_backend(LibNvml([], init_error=code))
     with pytest.raises(BackendError, match=needle):
         await backend.start()
 
@@ -90,13 +90,13 @@ def test_non_nvml_init_error() -> None:
         Nvml(Odd()).init_sync()
 
 
-async def test_use_before_start(make_backend: BackendFactory, fake: FakeNvml) -> None:
+async def test_use_before_start(make_backend: BackendFactory, fake: LibNvml) -> None:
     backend = make_backend(fake)
     with pytest.raises(BackendError, match="start"):
         await backend.discover()
 
 
-async def test_start_is_idempotent_and_stop_shuts_down(make_backend: BackendFactory, fake: FakeNvml) -> None:
+async def test_start_is_idempotent_and_stop_shuts_down(make_backend: BackendFactory, fake: LibNvml) -> None:
     backend = make_backend(fake)
     await backend.start()
     await backend.start()
@@ -106,14 +106,14 @@ async def test_start_is_idempotent_and_stop_shuts_down(make_backend: BackendFact
     assert fake.initialized == 0
 
 
-async def test_shutdown_failure_is_only_logged(make_backend: BackendFactory, fake: FakeNvml) -> None:
+async def test_shutdown_failure_is_only_logged(make_backend: BackendFactory, fake: LibNvml) -> None:
     backend = make_backend(fake)
     await backend.start()
     fake.missing.add("nvmlShutdown")
     await backend.stop()
 
 
-async def test_listing_gpus_fails(make_backend: BackendFactory, fake: FakeNvml) -> None:
+async def test_listing_gpus_fails(make_backend: BackendFactory, fake: LibNvml) -> None:
     backend = make_backend(fake)
     await backend.start()
     fake.missing.add("nvmlDeviceGetCount")
@@ -141,7 +141,7 @@ async def test_bad_library_in_driver_root_is_only_logged(
     # Not a real shared object: the preload fails, is logged, and nvmlInit goes on.
     (tmp_path / "drv" / "usr" / "lib64").mkdir(parents=True)
     (tmp_path / "drv" / "usr" / "lib64" / "libnvidia-ml.so.1").write_text("not an ELF file")
-    backend = make_backend(FakeNvml([h100(0)]), driver_root=str(tmp_path / "drv"))
+    backend = make_backend(LibNvml([h100(0)]), driver_root=str(tmp_path / "drv"))
     await backend.start()
     assert [d.name for d in await backend.discover()] == ["gpu-0"]
     await backend.stop()
@@ -153,7 +153,7 @@ async def test_telemetry_values(make_backend: BackendFactory) -> None:
     gpu.ecc_corrected, gpu.ecc_uncorrected = 7, 1
     mig_gpu = a100_mig(1)
     mig_gpu.migs[0].memory_used = 2048 * MIB
-    backend = make_backend(FakeNvml([gpu, mig_gpu]))
+    backend = make_backend(LibNvml([gpu, mig_gpu]))
     sink = Sink()
     async with monitoring(backend, sink):
         # The ECC totals are the health pass's readings (issue 23): none before the first pass.
@@ -173,7 +173,7 @@ async def test_telemetry_values(make_backend: BackendFactory) -> None:
 
 async def test_telemetry_degrades_per_field(make_backend: BackendFactory) -> None:
     gpu, other = h100(0), l4(1)
-    fake = FakeNvml([gpu, other])
+    fake = LibNvml([gpu, other])
     fake.fail(gpu.uuid, "nvmlDeviceGetPowerUsage", int(real.NVML_ERROR_NOT_SUPPORTED))
     fake.fail(gpu.uuid, "nvmlDeviceGetTotalEccErrors", int(real.NVML_ERROR_UNKNOWN))
     backend = make_backend(fake)
@@ -189,23 +189,23 @@ async def test_telemetry_degrades_per_field(make_backend: BackendFactory) -> Non
 
 
 async def test_telemetry_interval_caches_reads(make_backend: BackendFactory, fake_clock: FakeClock) -> None:
-    fake = FakeNvml([h100(0)])
+    fake = LibNvml([h100(0)])
     backend = make_backend(fake, telemetry_interval="10")
     await backend.start()
     first = await backend.telemetry()
-    reads = fake.calls.count("nvmlDeviceGetTemperature")
+    reads = fake.count("nvmlDeviceGetTemperatureV")
     assert await backend.telemetry() == first
-    assert fake.calls.count("nvmlDeviceGetTemperature") == reads
+    assert fake.count("nvmlDeviceGetTemperatureV") == reads
     fake_clock.advance(10)
     await backend.telemetry()
-    assert fake.calls.count("nvmlDeviceGetTemperature") == reads + 1
+    assert fake.count("nvmlDeviceGetTemperatureV") == reads + 1
     await backend.stop()
 
 
 def test_devices_command_lists_what_nvml_sees(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    install(monkeypatch, FakeNvml([a100_mig(0), h100(1)]))
+    install(monkeypatch, LibNvml([a100_mig(0), h100(1)]))
     assert main(["devices", "--backend", "nvidia", "-o", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in rows] == [
@@ -224,6 +224,25 @@ def test_devices_command_lists_what_nvml_sees(
 def test_devices_command_without_driver(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    install(monkeypatch, FakeNvml([], init_error=int(real.NVML_ERROR_LIBRARY_NOT_FOUND)))
+    install(monkeypatch, LibNvml([], init_error=int(real.NVML_ERROR_LIBRARY_NOT_FOUND)))
     assert main(["devices", "--backend", "nvidia"]) == 1
     assert "libnvidia-ml.so.1" in capsys.readouterr().err
+
+
+async def test_temperature_through_the_versioned_call_where_the_driver_has_it(
+    make_backend: BackendFactory,
+) -> None:
+    """nvml.h:5979 deprecates nvmlDeviceGetTemperature in 13.0 for nvmlDeviceGetTemperatureV; a
+    driver without the V symbol is still read through the older call."""
+    for missing, used in (
+        ((), "nvmlDeviceGetTemperatureV"),
+        (("nvmlDeviceGetTemperatureV",), "nvmlDeviceGetTemperature"),
+    ):
+        fake = LibNvml([h100(0)], missing=missing)
+        backend = make_backend(fake)
+        await backend.start()
+        [reading] = await backend.telemetry()
+        await backend.stop()
+        assert reading.temperature_celsius == 35.0
+        assert fake.count(used) == 1
+        assert fake.count("nvmlDeviceGetTemperature") == (1 if missing else 0)

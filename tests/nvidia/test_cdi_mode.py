@@ -19,7 +19,7 @@ from agent.core.backend import ClaimRef, PlansPrepare, nothing_to_undo
 from agent.core.errors import BackendError, DeviceNotFoundError
 from backends.nvidia.driverfiles import HostView
 from backends.nvidia.toolkitspec import ToolkitSpecReader
-from tests.fakes.fake_pynvml import FakeNvml
+from tests.fakes.libnvml import LibNvml
 from tests.nvidia.conftest import BackendFactory
 from tests.nvidia.hostfs import logged, make_driver_root, write_toolkit_spec
 from tests.support.cdi_check import cdi_problems
@@ -47,7 +47,7 @@ def host(tmp_path: Path) -> Path:
 
 
 async def test_auto_refers_to_the_toolkits_devices_when_its_spec_names_the_gpus_by_uuid(
-    make_backend: BackendFactory, fake: FakeNvml, host: Path, caplog: pytest.LogCaptureFixture
+    make_backend: BackendFactory, fake: LibNvml, host: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec = write_toolkit_spec(host / "var/run/cdi", ["0", "1", "all", *ALL_UUIDS])
     backend = make_backend(fake)
@@ -80,7 +80,7 @@ async def test_auto_refers_to_the_toolkits_devices_when_its_spec_names_the_gpus_
 )
 async def test_auto_generates_its_own_without_a_spec_naming_gpus_by_uuid(
     make_backend: BackendFactory,
-    fake: FakeNvml,
+    fake: LibNvml,
     host: Path,
     caplog: pytest.LogCaptureFixture,
     *,
@@ -101,7 +101,7 @@ async def test_auto_generates_its_own_without_a_spec_naming_gpus_by_uuid(
 
 
 async def test_auto_checks_again_at_prepare_and_falls_back_when_the_spec_lost_the_gpu(
-    make_backend: BackendFactory, fake: FakeNvml, host: Path, caplog: pytest.LogCaptureFixture
+    make_backend: BackendFactory, fake: LibNvml, host: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec = write_toolkit_spec(host / "var/run/cdi", ALL_UUIDS)
     backend = make_backend(fake)
@@ -124,7 +124,7 @@ async def test_auto_checks_again_at_prepare_and_falls_back_when_the_spec_lost_th
 
 
 async def test_own_mode_never_reads_the_toolkits_spec(
-    make_backend: BackendFactory, fake: FakeNvml, host: Path, caplog: pytest.LogCaptureFixture
+    make_backend: BackendFactory, fake: LibNvml, host: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     write_toolkit_spec(host / "var/run/cdi", ALL_UUIDS)
     backend = make_backend(fake, cdi_mode="own")
@@ -147,7 +147,7 @@ async def test_own_mode_never_reads_the_toolkits_spec(
 )
 async def test_toolkit_mode_fails_the_claim_when_the_spec_cannot_resolve(
     make_backend: BackendFactory,
-    fake: FakeNvml,
+    fake: LibNvml,
     host: Path,
     caplog: pytest.LogCaptureFixture,
     *,
@@ -171,7 +171,7 @@ async def test_toolkit_mode_fails_the_claim_when_the_spec_cannot_resolve(
 
 
 async def test_toolkit_mode_serves_once_the_spec_appears(
-    make_backend: BackendFactory, fake: FakeNvml, host: Path
+    make_backend: BackendFactory, fake: LibNvml, host: Path
 ) -> None:
     """The GPU Operator's toolkit may write its spec after the agent started."""
     backend = make_backend(fake, cdi_mode="toolkit")
@@ -232,7 +232,7 @@ def test_reader_reparses_only_changed_files(tmp_path: Path, monkeypatch: pytest.
 
 
 async def test_the_hosts_var_run_symlink_is_followed_inside_the_host_root(
-    make_backend: BackendFactory, fake: FakeNvml, host: Path
+    make_backend: BackendFactory, fake: LibNvml, host: Path
 ) -> None:
     """Ubuntu's ``/var/run -> /run`` is absolute: read through /host it must stay in the host's tree."""
     write_toolkit_spec(host / "run/cdi", ALL_UUIDS)
@@ -247,7 +247,7 @@ async def test_the_hosts_var_run_symlink_is_followed_inside_the_host_root(
 
 @pytest.mark.parametrize("toolkit", [True, False], ids=["toolkit-spec", "own-edits"])
 async def test_a_planned_prepare_gives_the_edits_of_prepare(
-    make_backend: BackendFactory, fake: FakeNvml, host: Path, *, toolkit: bool
+    make_backend: BackendFactory, fake: LibNvml, host: Path, *, toolkit: bool
 ) -> None:
     """The core runs the plan in its checkpoint's worker thread (`agent.core.backend.PlansPrepare`)."""
     if toolkit:
@@ -270,7 +270,7 @@ async def test_a_planned_prepare_gives_the_edits_of_prepare(
 
 
 async def test_a_planned_prepare_in_toolkit_mode_fails_like_prepare_when_the_spec_lacks_the_gpu(
-    make_backend: BackendFactory, fake: FakeNvml, host: Path
+    make_backend: BackendFactory, fake: LibNvml, host: Path
 ) -> None:
     write_toolkit_spec(host / "var/run/cdi", ALL_UUIDS)
     backend = make_backend(fake, cdi_mode="toolkit")

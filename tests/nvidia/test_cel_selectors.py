@@ -8,7 +8,7 @@ from agent.core.cel import CelError, match_attribute, matches
 from agent.core.model import Device, Version
 from agent.core.quantity import Quantity
 from agent.kube.slices import device_to_api
-from tests.fakes.fake_pynvml import FakeNvml
+from tests.fakes.libnvml import LibNvml
 from tests.nvidia.conftest import BackendFactory
 
 MIG_CLASS = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
@@ -16,7 +16,7 @@ GPU_CLASS = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.
 
 
 @pytest.fixture
-async def devices(make_backend: BackendFactory, fake: FakeNvml) -> dict[str, Device]:
+async def devices(make_backend: BackendFactory, fake: LibNvml) -> dict[str, Device]:
     backend = make_backend(fake)
     await backend.start()
     found = {d.name: d for d in await backend.discover()}

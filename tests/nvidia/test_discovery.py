@@ -12,13 +12,13 @@ from agent.core.model import Device, Version
 from agent.core.quantity import Quantity
 from agent.kube.slices import device_to_api
 from backends.nvidia.discovery import mig_device_name, mig_profile_name, normalize_bus_id, pcie_root
-from tests.fakes.fake_pynvml import MIB, FakeMig, FakeNvml, a100_mig, h100, l4
+from tests.fakes.libnvml import MIB, FakeMig, LibNvml, a100_mig, b200_mig, h100, l4
 from tests.nvidia.conftest import BackendFactory, build_sysfs
 
 A100_UUID = "GPU-a1000000-0000-0000-0000-000000000000"
 
 
-async def discover(make_backend: BackendFactory, fake: FakeNvml, **settings: str) -> dict[str, Device]:
+async def discover(make_backend: BackendFactory, fake: LibNvml, **settings: str) -> dict[str, Device]:
     backend = make_backend(fake, **settings)
     await backend.start()
     try:
@@ -27,7 +27,7 @@ async def discover(make_backend: BackendFactory, fake: FakeNvml, **settings: str
         await backend.stop()
 
 
-async def test_names_follow_nvidia_driver(make_backend: BackendFactory, fake: FakeNvml) -> None:
+async def test_names_follow_nvidia_driver(make_backend: BackendFactory, fake: LibNvml) -> None:
     devices = await discover(make_backend, fake)
     assert sorted(devices) == [
         "gpu-0-mig-1g10gb-19-2",
@@ -42,7 +42,7 @@ async def test_names_follow_nvidia_driver(make_backend: BackendFactory, fake: Fa
     assert "gpu-0" not in devices and "gpu-1" not in devices
 
 
-async def test_full_gpu_attributes_and_capacity(make_backend: BackendFactory, fake: FakeNvml) -> None:
+async def test_full_gpu_attributes_and_capacity(make_backend: BackendFactory, fake: LibNvml) -> None:
     devices = await discover(make_backend, fake)
     gpu = devices["gpu-2"]
     assert gpu.driver == "gpu.nvidia.com"
@@ -68,7 +68,7 @@ async def test_full_gpu_attributes_and_capacity(make_backend: BackendFactory, fa
     assert gpu.parent == ""
 
 
-async def test_l4_without_mig_support_publishes_itself(make_backend: BackendFactory, fake: FakeNvml) -> None:
+async def test_l4_without_mig_support_publishes_itself(make_backend: BackendFactory, fake: LibNvml) -> None:
     devices = await discover(make_backend, fake)
     l4_device = devices["gpu-3"]
     assert l4_device.attributes["architecture"] == "Ada Lovelace"
@@ -77,7 +77,7 @@ async def test_l4_without_mig_support_publishes_itself(make_backend: BackendFact
     assert l4_device.attributes["resource.kubernetes.io/pciBusID"] == "0000:3b:00.0"
 
 
-async def test_mig_attributes_and_capacities(make_backend: BackendFactory, fake: FakeNvml) -> None:
+async def test_mig_attributes_and_capacities(make_backend: BackendFactory, fake: LibNvml) -> None:
     devices = await discover(make_backend, fake)
     mig = devices["gpu-0-mig-3g40gb-9-4"]
     attrs = dict(mig.attributes)
@@ -118,7 +118,7 @@ async def test_mig_attributes_and_capacities(make_backend: BackendFactory, fake:
     assert devices["gpu-0-mig-1g10gb-19-3"].attributes["profile"] == "1g.10gb"
 
 
-async def test_api_shape_of_published_devices(make_backend: BackendFactory, fake: FakeNvml) -> None:
+async def test_api_shape_of_published_devices(make_backend: BackendFactory, fake: LibNvml) -> None:
     devices = await discover(make_backend, fake)
     body = device_to_api(devices["gpu-2"])
     assert body["attributes"]["driverVersion"] == {"version": "550.54.15"}
@@ -126,7 +126,7 @@ async def test_api_shape_of_published_devices(make_backend: BackendFactory, fake
     assert body["capacity"]["memory"] == {"value": "81559Mi"}
 
 
-async def test_driver_name_override(make_backend: BackendFactory, fake: FakeNvml) -> None:
+async def test_driver_name_override(make_backend: BackendFactory, fake: LibNvml) -> None:
     backend = make_backend(fake, driver_name="gpu.example.com")
     await backend.start()
     devices = await backend.discover()
@@ -136,20 +136,20 @@ async def test_driver_name_override(make_backend: BackendFactory, fake: FakeNvml
 
 
 async def test_driver_version_is_normalized(make_backend: BackendFactory) -> None:
-    fake = FakeNvml([h100(0)], driver_version="535.104.05", cuda_version=12020)
+    fake = LibNvml([h100(0)], driver_version="535.104.05", cuda_version=12020)
     devices = await discover(make_backend, fake)
     assert devices["gpu-0"].attributes["driverVersion"] == Version("535.104.5")
     assert devices["gpu-0"].attributes["cudaDriverVersion"] == Version("12.2.0")
 
 
 async def test_unusable_driver_version_drops_attribute(make_backend: BackendFactory) -> None:
-    fake = FakeNvml([h100(0)], driver_version="unknown")
+    fake = LibNvml([h100(0)], driver_version="unknown")
     devices = await discover(make_backend, fake)
     assert "driverVersion" not in devices["gpu-0"].attributes
 
 
 async def test_old_driver_degrades_attributes_not_devices(make_backend: BackendFactory) -> None:
-    fake = FakeNvml(
+    fake = LibNvml(
         [h100(0)],
         missing={"nvmlDeviceGetArchitecture", "nvmlDeviceGetBrand", "nvmlSystemGetCudaDriverVersion"},
     )
@@ -163,7 +163,7 @@ async def test_old_driver_degrades_attributes_not_devices(make_backend: BackendF
 
 async def test_not_supported_and_failing_calls_degrade(make_backend: BackendFactory) -> None:
     gpu = h100(0)
-    fake = FakeNvml([gpu])
+    fake = LibNvml([gpu])
     fake.fail(gpu.uuid, "nvmlDeviceGetMemoryInfo", int(real.NVML_ERROR_NOT_SUPPORTED))
     fake.fail(gpu.uuid, "nvmlDeviceGetPciInfo", int(real.NVML_ERROR_UNKNOWN))
     devices = await discover(make_backend, fake)
@@ -175,7 +175,7 @@ async def test_not_supported_and_failing_calls_degrade(make_backend: BackendFact
 
 async def test_lost_gpu_is_left_out(make_backend: BackendFactory, caplog: pytest.LogCaptureFixture) -> None:
     first, second = h100(0), l4(1)
-    fake = FakeNvml([first, second])
+    fake = LibNvml([first, second])
     first.lost = True
     with caplog.at_level(logging.ERROR):
         devices = await discover(make_backend, fake)
@@ -185,7 +185,7 @@ async def test_lost_gpu_is_left_out(make_backend: BackendFactory, caplog: pytest
 
 async def test_gpu_failing_mid_discovery_is_left_out(make_backend: BackendFactory) -> None:
     first, second = h100(0), l4(1)
-    fake = FakeNvml([first, second])
+    fake = LibNvml([first, second])
     fake.fail(first.uuid, "nvmlDeviceGetMinorNumber", int(real.NVML_ERROR_GPU_IS_LOST))
     assert list(await discover(make_backend, fake)) == ["gpu-1"]
 
@@ -193,7 +193,7 @@ async def test_gpu_failing_mid_discovery_is_left_out(make_backend: BackendFactor
 async def test_mig_mode_without_mig_devices_publishes_nothing(make_backend: BackendFactory) -> None:
     gpu = a100_mig(0)
     gpu.migs = []
-    fake = FakeNvml([gpu, h100(1)])
+    fake = LibNvml([gpu, h100(1)])
     assert list(await discover(make_backend, fake)) == ["gpu-1"]
 
 
@@ -201,7 +201,7 @@ async def test_pending_mig_mode_is_not_applied(make_backend: BackendFactory) -> 
     # MIG enabled but pending a reset: the current mode (off) counts; nothing is changed.
     gpu = h100(0)
     gpu.mig_mode = (0, 1)
-    fake = FakeNvml([gpu])
+    fake = LibNvml([gpu])
     assert list(await discover(make_backend, fake)) == ["gpu-0"]
     assert not [c for c in fake.calls if "Set" in c and "Event" not in c]
 
@@ -209,7 +209,7 @@ async def test_pending_mig_mode_is_not_applied(make_backend: BackendFactory) -> 
 async def test_broken_mig_device_is_left_out(make_backend: BackendFactory) -> None:
     gpu = a100_mig(0)
     gpu.migs.append(FakeMig("MIG-broken", 11, 0, 999, 5, 1))  # a profile NVML does not list
-    fake = FakeNvml([gpu])
+    fake = LibNvml([gpu])
     devices = await discover(make_backend, fake)
     assert len(devices) == 4
 
@@ -217,7 +217,7 @@ async def test_broken_mig_device_is_left_out(make_backend: BackendFactory) -> No
 async def test_compute_instance_profile_name(make_backend: BackendFactory) -> None:
     gpu = a100_mig(0)
     gpu.migs = [FakeMig("MIG-ci", 1, 0, 9, 0, 4, ci_slices=1)]
-    fake = FakeNvml([gpu])
+    fake = LibNvml([gpu])
     devices = await discover(make_backend, fake)
     assert list(devices) == ["gpu-0-mig-1c3g40gb-9-0"]
     assert devices["gpu-0-mig-1c3g40gb-9-0"].attributes["profile"] == "1c.3g.40gb"
@@ -226,7 +226,7 @@ async def test_compute_instance_profile_name(make_backend: BackendFactory) -> No
 async def test_media_extension_profile(make_backend: BackendFactory) -> None:
     gpu = a100_mig(0)
     gpu.migs = [FakeMig("MIG-me", 1, 0, 20, 6, 1)]
-    devices = await discover(make_backend, FakeNvml([gpu]))
+    devices = await discover(make_backend, LibNvml([gpu]))
     assert list(devices) == ["gpu-0-mig-1g10gbme-20-6"]
     assert devices["gpu-0-mig-1g10gbme-20-6"].attributes["profile"] == "1g.10gb+me"
 
@@ -234,7 +234,7 @@ async def test_media_extension_profile(make_backend: BackendFactory) -> None:
 async def test_no_gpus_is_an_empty_pool_said_once(
     make_backend: BackendFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    backend = make_backend(FakeNvml([]))
+    backend = make_backend(LibNvml([]))
     await backend.start()
     with caplog.at_level(logging.WARNING):
         assert list(await backend.discover()) == []
@@ -275,10 +275,10 @@ def test_bus_ids_and_pcie_root(tmp_path: Path) -> None:
 async def test_old_driver_without_profile_info_v2(make_backend: BackendFactory) -> None:
     gpu = a100_mig(0)
     gpu.migs = [FakeMig("MIG-me", 1, 0, 20, 6, 1), FakeMig("MIG-3g", 2, 0, 9, 0, 4)]
-    fake = FakeNvml([gpu], missing={"nvmlDeviceGetGpuInstanceProfileInfoV"})
+    fake = LibNvml([gpu], missing={"nvmlDeviceGetGpuInstanceProfileInfoV"})
     devices = await discover(make_backend, fake)
-    # The v1 structure has no profile name, so the media extensions suffix cannot be known.
-    assert sorted(devices) == ["gpu-0-mig-1g10gb-20-6", "gpu-0-mig-3g40gb-9-0"]
+    # The v1 structure has no profile name: the suffix comes from the profile index, as NVIDIA names it.
+    assert sorted(devices) == ["gpu-0-mig-1g10gbme-20-6", "gpu-0-mig-3g40gb-9-0"]
     assert devices["gpu-0-mig-3g40gb-9-0"].capacity["multiprocessors"] == Quantity.parse(42)
 
 
@@ -286,19 +286,32 @@ async def test_old_driver_without_profile_info_v2(make_backend: BackendFactory) 
     "function",
     [
         "nvmlDeviceGetMigDeviceHandleByIndex",
-        "nvmlDeviceGetGpuInstanceProfileInfo",
+        "nvmlDeviceGetGpuInstanceProfileInfoV",
         "nvmlDeviceGetGpuInstanceId",
     ],
 )
 async def test_gpu_lost_while_reading_mig_devices(make_backend: BackendFactory, function: str) -> None:
     gpu = a100_mig(0)
-    fake = FakeNvml([gpu, h100(1)])
+    fake = LibNvml([gpu, h100(1)])
     fake.fail(gpu.uuid, function, int(real.NVML_ERROR_GPU_IS_LOST))
     assert list(await discover(make_backend, fake)) == ["gpu-1"]
 
 
 async def test_mig_slot_errors_skip_the_slot(make_backend: BackendFactory) -> None:
     gpu = a100_mig(0)
-    fake = FakeNvml([gpu])
+    fake = LibNvml([gpu])
     fake.fail(gpu.uuid, "nvmlDeviceGetMigDeviceHandleByIndex", int(real.NVML_ERROR_UNKNOWN))
     assert list(await discover(make_backend, fake)) == []
+
+
+async def test_newer_profile_names_follow_nvidia_naming(make_backend: BackendFactory) -> None:
+    """nvml.h:12531-12549 adds GFX, NO_ME and ALL_ME profiles; NVIDIA names them by profile index
+    (go-nvlib pkg/nvlib/device/mig_profile.go): ``+me``, ``+gfx``, ``-me``, ``+me.all``. Each
+    distinct profile publishes a distinct ``profile`` attribute. Index 0x11 needs a pynvml whose
+    profile count is 0x12 (nvidia-ml-py 13.610.43, the floor): older ones leave that device out."""
+    gpu = b200_mig(0)
+    devices = await discover(make_backend, LibNvml([gpu]))
+    profiles = {d.attributes["profile"] for d in devices.values() if d.attributes.get("type") == "mig"}
+    assert profiles == {
+        "1g.23gb+me", "1g.23gb+gfx", "1g.23gb-me", "1g.23gb+me.all", "2g.45gb+me.all", "3g.90gb+gfx",
+    }  # fmt: skip

@@ -18,7 +18,7 @@ from backends.nvidia import NvidiaBackend
 from backends.nvidia.driverfiles import DriverProgramMissingError, HostView, driver_program
 from backends.nvidia.mps import NoMounter
 from tests.deploy.chart import CI_VALUES, load_values, render_objects
-from tests.fakes.fake_pynvml import FakeNvml, h100
+from tests.fakes.libnvml import LibNvml, h100
 from tests.nvidia.conftest import build_sysfs
 from tests.nvidia.hostfs import LIBDIR, VERSION, make_driver_root
 from tests.support.clock import FakeClock
@@ -42,7 +42,7 @@ def nvidia(tmp_path: Path, driver_root: str = "/") -> NvidiaBackend:
     settings = {"host-root": str(tmp_path / "host"), "driver-root": driver_root}
     return NvidiaBackend(
         BackendOptions("node-1", settings=settings, state_dir=tmp_path / "state"),
-        nvml_module=FakeNvml([h100(0)]).module,
+        nvml_module=LibNvml([h100(0)]).module,
         clock=FakeClock(),
         sysfs_root=build_sysfs(tmp_path / "sys"),
         proc_root=tmp_path / "proc",

@@ -1,8 +1,9 @@
-"""Dynamic MIG in the NVIDIA backend over the fake NVML: discovery, prepare, unprepare, rollback,
-reconcile, health. The GPU-instance calls are pynvml's (`tests.fakes.fake_pynvml.MigNvml`)."""
+"""Dynamic MIG in the NVIDIA backend over the stand-in libnvidia-ml: discovery, prepare, unprepare, rollback,
+reconcile, health. The GPU-instance calls are pynvml's (`tests.fakes.libnvml.MigLibNvml`)."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from agent.core.errors import BackendError, ConfigError
 from backends.nvidia import NvidiaBackend
 from backends.nvidia.dynamicmig import DynamicMigError
 from backends.nvidia.migjournal import PREPARED, MigJournal
-from tests.fakes.fake_pynvml import XID_CRITICAL, MigNvml, a100_mig, dynamic_gpu, h100, l4
+from tests.fakes.libnvml import XID_CRITICAL, MigLibNvml, a100_mig, dynamic_gpu, h100, l4
 from tests.nvidia.conftest import BackendFactory, Sink, until
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -25,18 +26,18 @@ PLACEMENT = "gpu-0-mig-3g40gb-9-4"
 
 
 @pytest.fixture
-def nvml(tmp_path: Path) -> MigNvml:
+def nvml(tmp_path: Path) -> MigLibNvml:
     """Dynamic A100-80GB and H100, an A100 with an admin's MIG layout, an H100 with MIG off, an L4.
 
     The driver's device nodes are in ``tmp_path/dev`` (the backend's), its capability files in
-    ``tmp_path/proc``; the fake NVML adds those of the MIG devices it creates.
+    ``tmp_path/proc``; the stand-in libnvidia-ml adds those of the MIG devices it creates.
     """
     dev = tmp_path / "dev"
     dev.mkdir()
     for name in ("nvidiactl", "nvidia0", "nvidia1"):
         (dev / name).touch()
     gpus = [dynamic_gpu(A100, 0), dynamic_gpu(H100, 1), a100_mig(2), h100(3), l4(4)]
-    return MigNvml(gpus, proc_root=tmp_path / "proc", dev_root=dev)
+    return MigLibNvml(gpus, proc_root=tmp_path / "proc", dev_root=dev)
 
 
 @pytest.fixture
@@ -45,12 +46,12 @@ def journal_dir(tmp_path: Path) -> Path:
 
 
 def backend_on(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path, mode: str = "own"
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path, mode: str = "own"
 ) -> NvidiaBackend:
     return make_backend(nvml, cdi_mode=mode, dynamic_mig="true", dynamic_mig_dir=str(journal_dir))
 
 
-async def started(make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path) -> NvidiaBackend:
+async def started(make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path) -> NvidiaBackend:
     """A started dynamic-MIG backend that has discovered the GPUs."""
     backend = backend_on(make_backend, nvml, journal_dir)
     await backend.start()
@@ -72,14 +73,14 @@ def journal(journal_dir: Path) -> MigJournal:
     ],
 )
 def test_bad_dynamic_mig_settings(
-    make_backend: BackendFactory, nvml: MigNvml, settings: dict[str, str], message: str
+    make_backend: BackendFactory, nvml: MigLibNvml, settings: dict[str, str], message: str
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         make_backend(nvml, **{k.replace("-", "_"): v for k, v in settings.items()})
 
 
 def test_consumable_shares_with_dynamic_mig_says_what_is_not_shared(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path, caplog: pytest.LogCaptureFixture
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, "agent.backends.nvidia"):
         make_backend(nvml, dynamic_mig="true", dynamic_mig_dir=str(journal_dir), consumable_shares="memory")
@@ -94,7 +95,7 @@ def test_consumable_shares_with_dynamic_mig_says_what_is_not_shared(
 
 
 async def test_discovery_publishes_each_gpu_as_it_can(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path, caplog: pytest.LogCaptureFixture
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     backend = backend_on(make_backend, nvml, journal_dir)
     await backend.start()
@@ -124,7 +125,7 @@ async def test_discovery_publishes_each_gpu_as_it_can(
 
 
 async def test_prepare_creates_and_unprepare_destroys(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
 ) -> None:
     backend = await started(make_backend, nvml, journal_dir)
     gpu = nvml.gpus[0]
@@ -158,13 +159,13 @@ STEPS = [
     "nvmlGpuInstanceGetComputeInstanceProfileInfo",
     "nvmlGpuInstanceCreateComputeInstance",
     "nvmlComputeInstanceGetInfo",
-    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetUUID",
 ]
 
 
 @pytest.mark.parametrize("step", STEPS)
 async def test_a_failure_at_each_nvml_step_rolls_back(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path, step: str
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path, step: str
 ) -> None:
     backend = await started(make_backend, nvml, journal_dir)
     nvml.fail_once(step, int(real.NVML_ERROR_UNKNOWN))
@@ -178,7 +179,7 @@ async def test_a_failure_at_each_nvml_step_rolls_back(
 
 
 async def test_failed_edits_destroy_the_new_mig_device(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
 ) -> None:
     backend = await started(make_backend, nvml, journal_dir)
     assert nvml.dev_root is not None
@@ -189,7 +190,7 @@ async def test_failed_edits_destroy_the_new_mig_device(
 
 
 async def test_a_failed_rollback_is_finished_by_the_next_start(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
 ) -> None:
     backend = await started(make_backend, nvml, journal_dir)
     gpu = nvml.gpus[0]
@@ -205,14 +206,17 @@ async def test_a_failed_rollback_is_finished_by_the_next_start(
 
 
 async def test_a_placement_taken_by_hand_is_a_claim_error_and_left_alone(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
 ) -> None:
     backend = await started(make_backend, nvml, journal_dir)
     lib, gpu = nvml.module, nvml.gpus[0]
     where = real.c_nvmlGpuInstancePlacement_t()
     where.start, where.size = 4, 4
-    lib.nvmlDeviceCreateGpuInstanceWithPlacement(lib.nvmlDeviceGetHandleByIndex(0), 9, where)
-    with pytest.raises(DynamicMigError, match=r"3g.40gb at placement 4 on GPU GPU-\S+ \(gpu-0\): NVML Error"):
+    lib.nvmlDeviceCreateGpuInstanceWithPlacement(lib.nvmlDeviceGetHandleByIndex(0), 9, ctypes.byref(where))
+    with pytest.raises(
+        DynamicMigError,
+        match=r"3g.40gb at placement 4 on GPU GPU-\S+ \(gpu-0\): Ran out of critical resources",
+    ):
         await backend.prepare(PLACEMENT, CLAIM)
     assert len(gpu.migs) == 1 and journal(journal_dir).entries() == []  # the hand-made one is untouched
     # From now on the GPU is the administrator's: no placements are published for it.
@@ -220,7 +224,7 @@ async def test_a_placement_taken_by_hand_is_a_claim_error_and_left_alone(
 
 
 async def test_a_gpu_taken_out_of_mig_mode_fails_the_claim_cleanly(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
 ) -> None:
     backend = await started(make_backend, nvml, journal_dir)
     nvml.gpus[0].mig_mode = (0, 0)
@@ -230,7 +234,7 @@ async def test_a_gpu_taken_out_of_mig_mode_fails_the_claim_cleanly(
 
 
 async def test_a_damaged_journal_stops_the_start_with_a_fix(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
 ) -> None:
     await anyio.Path(journal_dir).mkdir()
     await anyio.Path(journal_dir / "dynamic-mig-gpu.nvidia.com.json").write_text("{not json")
@@ -239,7 +243,7 @@ async def test_a_damaged_journal_stops_the_start_with_a_fix(
 
 
 async def test_mig_placements_follow_their_gpu_health_with_one_monitor(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
 ) -> None:
     backend = await started(make_backend, nvml, journal_dir)
     await backend.prepare(PLACEMENT, CLAIM)
@@ -260,7 +264,7 @@ async def test_mig_placements_follow_their_gpu_health_with_one_monitor(
 
 
 async def test_unprepare_follows_the_journal_even_when_the_gpu_turned_static(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
 ) -> None:
     backend = await started(make_backend, nvml, journal_dir)
     await backend.prepare(PLACEMENT, CLAIM)
@@ -269,7 +273,9 @@ async def test_unprepare_follows_the_journal_even_when_the_gpu_turned_static(
     where = real.c_nvmlGpuInstancePlacement_t()
     where.start, where.size = 0, 2
     lib.nvmlInit()
-    lib.nvmlDeviceCreateGpuInstanceWithPlacement(lib.nvmlDeviceGetHandleByIndex(0), 14, where)  # by hand
+    lib.nvmlDeviceCreateGpuInstanceWithPlacement(
+        lib.nvmlDeviceGetHandleByIndex(0), 14, ctypes.byref(where)
+    )  # by hand
     again = backend_on(make_backend, nvml, journal_dir)
     await again.start()
     # Static now: only the MIG devices that exist are published (ours among them), no counters.
@@ -281,7 +287,7 @@ async def test_unprepare_follows_the_journal_even_when_the_gpu_turned_static(
 
 
 async def test_unprepare_of_a_gpu_that_is_gone_forgets_it(
-    make_backend: BackendFactory, nvml: MigNvml, journal_dir: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
 ) -> None:
     backend = await started(make_backend, nvml, journal_dir)
     await backend.prepare(PLACEMENT, CLAIM)
@@ -289,3 +295,38 @@ async def test_unprepare_of_a_gpu_that_is_gone_forgets_it(
     await backend.discover()
     await backend.unprepare(PLACEMENT, CLAIM)
     assert journal(journal_dir).entries() == []
+
+
+async def test_a_burst_of_prepares_and_unprepares_leaves_nothing_behind(
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
+) -> None:
+    """Concurrent prepares of every 1g.10gb placement of the A100, then concurrent unprepares, twice:
+    each creates and destroys its MIG device through pynvml over nvml.h's prototypes."""
+    backend = await started(make_backend, nvml, journal_dir)
+    gpu = nvml.gpus[0]
+    names = [f"gpu-0-mig-1g10gb-19-{start}" for start in range(7)]
+    claims = [ClaimRef("default", f"claim-{i}", f"uid-{i}") for i in range(len(names))]
+    for _ in range(2):
+        async with anyio.create_task_group() as tg:
+            for name, claim in zip(names, claims, strict=True):
+                tg.start_soon(backend.prepare, name, claim)
+        assert sorted(m.start for m in gpu.migs) == list(range(7))
+        assert len({m.uuid for m in gpu.migs}) == 7 and all(m.uuid for m in gpu.migs)
+        async with anyio.create_task_group() as tg:
+            for name, claim in zip(names, claims, strict=True):
+                tg.start_soon(backend.unprepare, name, claim)
+        assert gpu.migs == [] and journal(journal_dir).entries() == []
+    assert nvml.crashes == []
+
+
+async def test_the_new_mig_devices_uuid_comes_from_its_compute_instance(
+    make_backend: BackendFactory, nvml: MigLibNvml, journal_dir: Path
+) -> None:
+    """NVIDIA's driver reads the MIG device from the compute instance info (nvml.h:12757-12764,
+    ``device``); walking every MIG slot takes seconds on a loaded GPU."""
+    backend = await started(make_backend, nvml, journal_dir)
+    before = nvml.count("nvmlDeviceGetMigDeviceHandleByIndex")
+    await backend.prepare(PLACEMENT, CLAIM)
+    [mig] = nvml.gpus[0].migs
+    assert journal(journal_dir).entries()[0].mig_uuid == mig.uuid
+    assert nvml.count("nvmlDeviceGetMigDeviceHandleByIndex") == before

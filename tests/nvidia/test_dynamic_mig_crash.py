@@ -1,6 +1,7 @@
 """kill -9 at each step of a dynamic-MIG prepare or unprepare, then a restart: no orphan MIG
-device and no lost claim. The child (`tests.nvidia.dynmig_crash_child`) keeps the fake driver's MIG
-state in a file, as the real driver keeps it across an agent crash."""
+device and no lost claim. The child (`tests.nvidia.dynmig_crash_child`) runs the backend through
+pynvml over the stand-in libnvidia-ml and keeps the driver's MIG state in a file, as the real
+driver keeps it across an agent crash."""
 
 from __future__ import annotations
 
@@ -22,6 +23,21 @@ def child(tmp_path: Path, kill_at: str, *actions: str) -> tuple[int, list[dict[s
     done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode in (0, -signal.SIGKILL), done.stderr
     return done.returncode, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def test_a_prepare_passes_the_placement_as_a_pointer(tmp_path: Path) -> None:
+    """nvml.h:13016: ``const nvmlGpuInstancePlacement_t *placement``. pynvml sets no argtypes, so a
+    structure passed without ``byref`` reaches the library by value and the library reads a wild
+    pointer: the process dies with SIGSEGV (the agent on a node did, at its first prepare)."""
+    args = [
+        sys.executable, "-m", "tests.nvidia.dynmig_crash_child",
+        str(tmp_path / "hardware.json"), str(tmp_path / "state"), "-", "prepare", "unprepare",
+    ]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != -signal.SIGSEGV, "the stand-in libnvidia-ml read a wild placement pointer"
+    assert done.returncode == 0, done.stderr
+    [_start, prepared, unprepared] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(prepared["migs"]) == 1 and unprepared["migs"] == []
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from agent.core.model import Device
 from agent.kube.pool import build_pool
 from backends.fake.migtables import A100_80GB, H100_80GB
 from backends.nvidia.migprofiles import MigLayout, MigProfile, dynamic_devices, packing_order
-from tests.fakes.fake_pynvml import MigNvml, dynamic_gpu
+from tests.fakes.libnvml import MigLibNvml, dynamic_gpu
 from tests.kube.harness import DRIVER, harness
 from tests.nvidia.conftest import BackendFactory
 
@@ -237,7 +237,7 @@ async def test_the_nvidia_backend_discovers_the_placements_in_packing_order(
 ) -> None:
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "nvidiactl").touch()
-    nvml = MigNvml(
+    nvml = MigLibNvml(
         [dynamic_gpu("NVIDIA A100-SXM4-80GB", 0)], proc_root=tmp_path / "proc", dev_root=tmp_path / "dev"
     )
     backend = make_backend(nvml, cdi_mode="own", dynamic_mig="true", dynamic_mig_dir=str(tmp_path / "state"))

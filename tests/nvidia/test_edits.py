@@ -16,7 +16,7 @@ from agent.core.backend import ClaimRef, ContainerEdits, DeviceNode, Hook, Mount
 from agent.core.errors import BackendError, DeviceNotFoundError
 from backends.nvidia.driverfiles import HostView, driver_version, find_driver_files
 from backends.nvidia.edits import DevDir, _device_node, mig_capability_minors, resolve_dev_dir
-from tests.fakes.fake_pynvml import FakeNvml
+from tests.fakes.libnvml import LibNvml
 from tests.nvidia.conftest import BackendFactory
 from tests.nvidia.hostfs import LIBDIR, VERSION, logged, make_driver_root
 from tests.support.cdi_check import cdi_problems
@@ -43,7 +43,7 @@ def make_caps(proc: Path, *, gpu: int, gi: int, ci: int, gi_minor: int, ci_minor
 
 
 async def prepared(
-    backend_factory: BackendFactory, fake: FakeNvml, device: str, **settings: str
+    backend_factory: BackendFactory, fake: LibNvml, device: str, **settings: str
 ) -> ContainerEdits:
     backend = backend_factory(fake, **settings)
     await backend.start()
@@ -64,7 +64,7 @@ def lib(name: str, root: str = "") -> Mount:
 
 
 async def test_own_mode_full_gpu_on_a_host_installed_driver(
-    make_backend: BackendFactory, fake: FakeNvml, tmp_path: Path
+    make_backend: BackendFactory, fake: LibNvml, tmp_path: Path
 ) -> None:
     """Driver root "/" seen through the agent's mount of the host (host-root): host paths in the spec."""
     make_dev(tmp_path / "dev", ["nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"])
@@ -137,7 +137,7 @@ async def test_own_mode_full_gpu_on_a_host_installed_driver(
 
 
 async def test_gpu_operator_driver_root_gives_host_paths_and_its_dev_dir(
-    make_backend: BackendFactory, fake: FakeNvml, tmp_path: Path
+    make_backend: BackendFactory, fake: LibNvml, tmp_path: Path
 ) -> None:
     """Driver root /run/nvidia/driver with the toolkit the GPU Operator installs under /usr/local/nvidia."""
     host = tmp_path / "host"
@@ -169,7 +169,7 @@ async def test_gpu_operator_driver_root_gives_host_paths_and_its_dev_dir(
 
 
 async def test_without_the_hook_binary_the_links_are_mounted_and_a_warning_says_why(
-    make_backend: BackendFactory, fake: FakeNvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    make_backend: BackendFactory, fake: LibNvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     make_dev(tmp_path / "dev", ["nvidia2", "nvidiactl"])
     make_driver_root(tmp_path / "host", hook=None)
@@ -195,7 +195,7 @@ async def test_nvidia_ctk_as_the_hook_takes_the_hook_subcommand(tmp_path: Path) 
 
 
 async def test_missing_driver_libraries_are_reported(
-    make_backend: BackendFactory, fake: FakeNvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    make_backend: BackendFactory, fake: LibNvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     make_dev(tmp_path / "dev", ["nvidia2", "nvidiactl"])
     with caplog.at_level(logging.WARNING):
@@ -219,7 +219,7 @@ def test_driver_version_and_unversioned_driver_root(tmp_path: Path) -> None:
 
 
 async def test_own_mode_mig_device_gets_capability_nodes(
-    make_backend: BackendFactory, fake: FakeNvml, tmp_path: Path
+    make_backend: BackendFactory, fake: LibNvml, tmp_path: Path
 ) -> None:
     make_dev(
         tmp_path / "dev", ["nvidia0", "nvidiactl", "nvidia-caps/nvidia-cap21", "nvidia-caps/nvidia-cap22"]
@@ -238,7 +238,7 @@ async def test_own_mode_mig_device_gets_capability_nodes(
 
 
 async def test_missing_required_node_fails_clearly(
-    make_backend: BackendFactory, fake: FakeNvml, tmp_path: Path
+    make_backend: BackendFactory, fake: LibNvml, tmp_path: Path
 ) -> None:
     make_dev(tmp_path / "dev", ["nvidiactl"])
     with pytest.raises(BackendError, match=r"nvidia2 is missing: load the NVIDIA driver"):
@@ -246,7 +246,7 @@ async def test_missing_required_node_fails_clearly(
 
 
 async def test_missing_optional_nodes_are_skipped(
-    make_backend: BackendFactory, fake: FakeNvml, tmp_path: Path
+    make_backend: BackendFactory, fake: LibNvml, tmp_path: Path
 ) -> None:
     make_dev(tmp_path / "dev", ["nvidia3", "nvidiactl"])
     edits = await prepared(make_backend, fake, "gpu-3", cdi_mode="own")
@@ -254,7 +254,7 @@ async def test_missing_optional_nodes_are_skipped(
 
 
 async def test_missing_mig_capability_file(
-    make_backend: BackendFactory, fake: FakeNvml, tmp_path: Path
+    make_backend: BackendFactory, fake: LibNvml, tmp_path: Path
 ) -> None:
     make_dev(tmp_path / "dev", ["nvidia0", "nvidiactl"])
     with pytest.raises(BackendError, match=r"cannot read MIG capability file .*gi2/access.*mount the host's"):
@@ -269,7 +269,7 @@ def test_capability_file_without_minor(tmp_path: Path) -> None:
         mig_capability_minors(tmp_path, 0, 1, 0)
 
 
-async def test_unknown_device(make_backend: BackendFactory, fake: FakeNvml) -> None:
+async def test_unknown_device(make_backend: BackendFactory, fake: LibNvml) -> None:
     with pytest.raises(DeviceNotFoundError, match="gpu-9"):
         await prepared(make_backend, fake, "gpu-9")
 
@@ -292,7 +292,7 @@ def test_dev_dir_of_a_containerized_driver(tmp_path: Path) -> None:
 
 async def test_an_unreadable_driver_root_leaves_device_nodes_only(
     make_backend: BackendFactory,
-    fake: FakeNvml,
+    fake: LibNvml,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,

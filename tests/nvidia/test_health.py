@@ -13,13 +13,13 @@ from agent.core.errors import ConfigError
 from agent.core.inventory import Inventory
 from agent.core.model import HealthStatus, Severity
 from agent.health.tracker import HealthTracker
-from backends.nvidia.health import XidPolicy, parse_xids
-from tests.fakes.fake_pynvml import (
+from backends.nvidia.xids import XidPolicy, parse_xids
+from tests.fakes.libnvml import (
     ALL_HEALTH_EVENTS,
     DOUBLE_BIT_ECC,
     SINGLE_BIT_ECC,
     XID_CRITICAL,
-    FakeNvml,
+    LibNvml,
     a100_mig,
     h100,
     l4,
@@ -38,13 +38,13 @@ A100_MIGS = [
 ]
 
 
-async def registered(fake: FakeNvml, count: int = 1) -> None:
+async def registered(fake: LibNvml, count: int = 1) -> None:
     """Wait until the monitor has created `count` event sets and waits on the last."""
     await until(lambda: len(fake.event_sets) >= count and fake.event_sets[-1].waits > 0)
 
 
-def node() -> FakeNvml:
-    return FakeNvml([a100_mig(0), h100(2), l4(3)])
+def node() -> LibNvml:
+    return LibNvml([a100_mig(0), h100(2), l4(3)])
 
 
 async def test_registers_xid_and_ecc_events_per_gpu(make_backend: BackendFactory) -> None:
@@ -217,7 +217,7 @@ async def test_transient_wait_error_is_not_a_fault(make_backend: BackendFactory)
 async def test_unmonitored_gpu_is_a_warning(make_backend: BackendFactory) -> None:
     old = l4(3)
     old.supported_events = 0  # an old GPU: no XID events
-    fake = FakeNvml([h100(2), old])
+    fake = LibNvml([h100(2), old])
     sink = Sink()
     async with monitoring(make_backend(fake, health_wait_ms="20"), sink):
         await sink.wait_count(1)
@@ -238,7 +238,7 @@ async def test_unmonitored_gpu_is_a_warning(make_backend: BackendFactory) -> Non
 async def test_ecc_not_supported_still_watches_xids(make_backend: BackendFactory) -> None:
     consumer = l4(3)
     consumer.supported_events = XID_CRITICAL
-    fake = FakeNvml([consumer])
+    fake = LibNvml([consumer])
     sink = Sink()
     async with monitoring(make_backend(fake, health_wait_ms="20"), sink):
         await registered(fake)
@@ -258,7 +258,7 @@ async def test_registration_failures(
     make_backend: BackendFactory, code: int, condition: str, severity: Severity
 ) -> None:
     gpu = h100(2)
-    fake = FakeNvml([gpu])
+    fake = LibNvml([gpu])
     fake.fail(gpu.uuid, "nvmlDeviceRegisterEvents", code)
     sink = Sink()
     async with monitoring(make_backend(fake, health_wait_ms="20"), sink):
@@ -268,7 +268,7 @@ async def test_registration_failures(
 
 async def test_supported_event_types_not_supported(make_backend: BackendFactory) -> None:
     gpu = h100(2)
-    fake = FakeNvml([gpu])
+    fake = LibNvml([gpu])
     fake.fail(gpu.uuid, "nvmlDeviceGetSupportedEventTypes", int(real.NVML_ERROR_NOT_SUPPORTED))
     sink = Sink()
     async with monitoring(make_backend(fake, health_wait_ms="20"), sink):
@@ -277,7 +277,7 @@ async def test_supported_event_types_not_supported(make_backend: BackendFactory)
 
 
 async def test_no_event_sets_at_all(make_backend: BackendFactory) -> None:
-    fake = FakeNvml([h100(2), l4(3)], missing={"nvmlEventSetCreate"})
+    fake = LibNvml([h100(2), l4(3)], missing={"nvmlEventSetCreate"})
     sink = Sink()
     async with monitoring(make_backend(fake, health_wait_ms="20"), sink):
         await sink.wait_count(2)
@@ -289,7 +289,7 @@ async def test_no_event_sets_at_all(make_backend: BackendFactory) -> None:
 
 async def test_no_gpus_monitor_just_waits(make_backend: BackendFactory) -> None:
     sink = Sink()
-    async with monitoring(make_backend(FakeNvml([]), health_wait_ms="20"), sink):
+    async with monitoring(make_backend(LibNvml([]), health_wait_ms="20"), sink):
         await anyio.sleep(0.05)
     assert sink.events == []
 
@@ -407,7 +407,7 @@ async def test_shutdown_while_waiting_is_prompt(make_backend: BackendFactory) ->
 
 
 async def test_fault_ends_as_unhealthy_device(make_backend: BackendFactory, fake_clock: FakeClock) -> None:
-    """Through the core's tracker: an XID from the fake NVML makes the device unhealthy."""
+    """Through the core's tracker: an XID from the stand-in libnvidia-ml makes the device unhealthy."""
     fake = node()
     backend = make_backend(fake, health_wait_ms="20")
     await backend.start()

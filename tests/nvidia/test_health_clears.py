@@ -16,7 +16,7 @@ from agent.core.backend import ConditionKind
 from agent.core.inventory import Inventory
 from agent.core.model import HealthStatus
 from agent.health.tracker import HealthTracker
-from tests.fakes.fake_pynvml import ALL_HEALTH_EVENTS, XID_CRITICAL, FakeNvml, h100, l4
+from tests.fakes.libnvml import ALL_HEALTH_EVENTS, XID_CRITICAL, LibNvml, h100, l4
 from tests.nvidia.conftest import BackendFactory, Sink, until
 from tests.support.clock import FakeClock
 
@@ -37,7 +37,7 @@ async def test_lost_gpu_dropped_and_back_is_healthy_after_the_hold(
     make_backend: BackendFactory, fake_clock: FakeClock
 ) -> None:
     """The reproduction of the issue: lost, kept by rediscovery (issue 23), back: healthy an hour later."""
-    fake = FakeNvml([h100(0), l4(3)])
+    fake = LibNvml([h100(0), l4(3)])
     backend = make_backend(fake, health_wait_ms="20")
     await backend.start()
     inventory = Inventory(backend.driver_name)
@@ -69,7 +69,7 @@ async def test_lost_gpu_that_answers_again_is_cleared_and_watched(
     make_backend: BackendFactory, fake_clock: FakeClock
 ) -> None:
     """No rediscovery needed: the monitor asks a lost GPU again (through a fresh handle)."""
-    fake = FakeNvml([h100(0), l4(3)])
+    fake = LibNvml([h100(0), l4(3)])
     sink = Sink()
     backend = make_backend(fake, health_wait_ms="20", recovery_interval="5")
     await backend.start()
@@ -99,7 +99,7 @@ async def test_lost_gpu_that_answers_again_is_cleared_and_watched(
 async def test_rediscovery_watches_new_gpus_and_clears_unmonitored(make_backend: BackendFactory) -> None:
     """A GPU found later is watched; one whose registration now works loses ``unmonitored``."""
     gpu = h100(0)
-    fake = FakeNvml([gpu])
+    fake = LibNvml([gpu])
     fake.fail(GPU0, "nvmlDeviceRegisterEvents", int(real.NVML_ERROR_NO_PERMISSION))
     sink = Sink()
     backend = make_backend(fake, health_wait_ms="20")
@@ -126,7 +126,7 @@ async def test_rediscovery_watches_new_gpus_and_clears_unmonitored(make_backend:
 
 
 async def test_unchanged_rediscovery_keeps_the_monitor(make_backend: BackendFactory) -> None:
-    fake = FakeNvml([h100(0)])
+    fake = LibNvml([h100(0)])
     backend = make_backend(fake, health_wait_ms="20")
     await backend.start()
     async with anyio.create_task_group() as tg:

@@ -13,7 +13,7 @@ from agent.core.errors import ConfigError
 from agent.core.model import Severity
 from backends.nvidia import NvidiaBackend
 from backends.nvidia.checks import TREND_WINDOW, GpuChecks, TrendThresholds
-from tests.fakes.fake_pynvml import FakeNvml, a100_mig, h100, l4, l40s, t4
+from tests.fakes.libnvml import LibNvml, a100_mig, h100, l4, l40s, t4
 from tests.nvidia.conftest import BackendFactory, Sink, monitoring
 from tests.support.clock import FakeClock
 
@@ -29,8 +29,8 @@ A100_DEVICES = {
 INTERVAL = 5.0
 
 
-def node() -> FakeNvml:
-    return FakeNvml([h100(0), a100_mig(1), l4(3), t4(4)])
+def node() -> LibNvml:
+    return LibNvml([h100(0), a100_mig(1), l4(3), t4(4)])
 
 
 async def passes(sink: Sink, clock: FakeClock, count: int) -> None:
@@ -46,7 +46,7 @@ def of(sink: Sink, condition: str) -> list[tuple[str, str, bool]]:
 
 
 def test_backend_declares_checks_trends_and_conditions() -> None:
-    backend = NvidiaBackend(BackendOptions("node-1"), nvml_module=FakeNvml([]).module)
+    backend = NvidiaBackend(BackendOptions("node-1"), nvml_module=LibNvml([]).module)
     assert declared_checks(backend) == (
         "answers",
         "ecc-uncorrectable",
@@ -76,10 +76,14 @@ async def test_first_pass_at_start_reports_every_device_looked_at(make_backend: 
 async def test_row_remap_pending_and_failure_raise_and_clear(
     make_backend: BackendFactory, fake_clock: FakeClock
 ) -> None:
+    """nvml.h:8438-8453: nvmlDeviceGetRemappedRows is NOT_SUPPORTED while MIG is enabled, so the
+    first pass on the A100 (MIG on) cannot read rows; once MIG is turned off the rows are read
+    (the check was not given up for the life of the process)."""
     fake = node()
     sink = Sink()
     async with monitoring(make_backend(fake, health_wait_ms="20"), sink):
         await sink.wait_passes(1)
+        fake.gpu(A100).mig_mode = (0, 0)  # an admin turns MIG off (the published devices stay)
         fake.gpu(A100).remapped_rows = (0, 1, 1, 0)  # pending: a reset applies it
         await passes(sink, fake_clock, 1)
         assert {(d, v, c) for d, v, c in of(sink, "row-remap-pending")} == {
@@ -237,7 +241,7 @@ async def test_unsupported_checks_are_skipped_with_one_log_line(
     gpu = l40s(5)  # no row remapping, no retired pages, no NVLink
     gpu.recovery_action = None
     gpu.ecc = False
-    fake = FakeNvml([gpu])
+    fake = LibNvml([gpu])
     sink = Sink()
     with caplog.at_level(logging.INFO, logger="agent.backends.nvidia.health"):
         async with monitoring(make_backend(fake, health_wait_ms="20"), sink):
@@ -268,18 +272,18 @@ async def test_unsupported_checks_are_skipped_with_one_log_line(
 
 
 @pytest.fixture
-def released() -> Iterator[list[FakeNvml]]:
+def released() -> Iterator[list[LibNvml]]:
     """Fakes to release at the end (no hung worker thread outlives the test)."""
-    fakes: list[FakeNvml] = []
+    fakes: list[LibNvml] = []
     yield fakes
     for fake in fakes:
         fake.release()
 
 
 async def test_hanging_check_call_is_a_failed_check_not_a_lost_gpu(
-    make_backend: BackendFactory, released: list[FakeNvml], caplog: pytest.LogCaptureFixture
+    make_backend: BackendFactory, released: list[LibNvml], caplog: pytest.LogCaptureFixture
 ) -> None:
-    fake = FakeNvml([h100(0), l4(3)])
+    fake = LibNvml([h100(0), l4(3)])
     released.append(fake)
     fake.hang("nvmlDeviceGetRemappedRows")
     sink = Sink()
@@ -297,7 +301,7 @@ async def test_hanging_check_call_is_a_failed_check_not_a_lost_gpu(
 async def test_failing_check_call_is_reported_and_warned_once_per_episode(
     make_backend: BackendFactory, fake_clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fake = FakeNvml([h100(0), l4(3)])
+    fake = LibNvml([h100(0), l4(3)])
     fake.fail(H100, "nvmlDeviceGetPcieReplayCounter", int(real.NVML_ERROR_UNKNOWN))
     sink = Sink()
     with caplog.at_level(logging.INFO, logger="agent.backends.nvidia.health"):
@@ -341,7 +345,7 @@ async def test_telemetry_ecc_values_are_the_pass_readings(
 @pytest.mark.parametrize("value", ["-1", "ten", "inf", "nan"])
 def test_bad_threshold_settings_are_refused(setting: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"nvidia setting {setting}") as caught:
-        NvidiaBackend(BackendOptions("node-1", None, {setting: value}), nvml_module=FakeNvml([]).module)
+        NvidiaBackend(BackendOptions("node-1", None, {setting: value}), nvml_module=LibNvml([]).module)
     assert "errors per minute >= 0" in str(caught.value)
 
 

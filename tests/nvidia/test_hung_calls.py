@@ -11,7 +11,7 @@ import pytest
 from agent.core.backend import BackendOptions
 from agent.core.vendorcall import VendorCallTimeoutError
 from backends.nvidia import NvidiaBackend
-from tests.fakes.fake_pynvml import XID_CRITICAL, FakeNvml, h100
+from tests.fakes.libnvml import XID_CRITICAL, LibNvml, h100
 from tests.nvidia.conftest import Sink, until
 from tests.support.clock import FakeClock
 
@@ -19,13 +19,13 @@ GPU0 = "GPU-h1000000-0000-0000-0000-000000000000"
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeNvml]:
-    nvml = FakeNvml([h100(0)])
+def fake() -> Iterator[LibNvml]:
+    nvml = LibNvml([h100(0)])
     yield nvml
     nvml.release()  # no worker thread outlives the test
 
 
-def backend_on(fake: FakeNvml, tmp_path: Path, sysfs: Path, clock: FakeClock) -> NvidiaBackend:
+def backend_on(fake: LibNvml, tmp_path: Path, sysfs: Path, clock: FakeClock) -> NvidiaBackend:
     return NvidiaBackend(
         BackendOptions("node-1", None, {"health-wait-ms": "20"}),
         nvml_module=fake.module,
@@ -38,12 +38,12 @@ def backend_on(fake: FakeNvml, tmp_path: Path, sysfs: Path, clock: FakeClock) ->
 
 
 async def test_hung_telemetry_fails_in_bound_and_the_monitor_and_stop_go_on(
-    fake: FakeNvml, tmp_path: Path, sysfs: Path, fake_clock: FakeClock
+    fake: LibNvml, tmp_path: Path, sysfs: Path, fake_clock: FakeClock
 ) -> None:
     backend = backend_on(fake, tmp_path, sysfs, fake_clock)
     await backend.start()
     await backend.discover()
-    fake.hang("nvmlDeviceGetTemperature")
+    fake.hang("nvmlDeviceGetTemperatureV")
     sink = Sink()
     async with anyio.create_task_group() as tg:
         tg.start_soon(backend.monitor_health, sink)
@@ -59,11 +59,11 @@ async def test_hung_telemetry_fails_in_bound_and_the_monitor_and_stop_go_on(
     with anyio.fail_after(5):
         await backend.stop()
     assert fake.initialized == 0  # nvmlShutdown ran although the telemetry read still hangs
-    assert fake.calls.count("nvmlDeviceGetTemperature") == 1
+    assert fake.count("nvmlDeviceGetTemperatureV") == 1
 
 
 async def test_hung_shutdown_is_left_behind(
-    fake: FakeNvml, tmp_path: Path, sysfs: Path, fake_clock: FakeClock, caplog: pytest.LogCaptureFixture
+    fake: LibNvml, tmp_path: Path, sysfs: Path, fake_clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     backend = backend_on(fake, tmp_path, sysfs, fake_clock)
     await backend.start()
@@ -74,7 +74,7 @@ async def test_hung_shutdown_is_left_behind(
 
 
 async def test_hung_event_wait_fails_the_monitor_in_bound(
-    fake: FakeNvml, tmp_path: Path, sysfs: Path, fake_clock: FakeClock, caplog: pytest.LogCaptureFixture
+    fake: LibNvml, tmp_path: Path, sysfs: Path, fake_clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The supervisor restarts a failed monitor; the set under the stuck wait is not freed."""
     backend = backend_on(fake, tmp_path, sysfs, fake_clock)
@@ -88,7 +88,7 @@ async def test_hung_event_wait_fails_the_monitor_in_bound(
 
 
 async def test_cancelled_wait_is_not_waited_for_but_its_set_is_freed_after_it(
-    fake: FakeNvml, tmp_path: Path, sysfs: Path, fake_clock: FakeClock
+    fake: LibNvml, tmp_path: Path, sysfs: Path, fake_clock: FakeClock
 ) -> None:
     backend = backend_on(fake, tmp_path, sysfs, fake_clock)
     await backend.start()

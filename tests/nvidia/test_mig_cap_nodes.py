@@ -5,7 +5,7 @@ The driver publishes ``/proc/driver/nvidia/capabilities/gpu<N>/mig/gi<G>[/ci<C>]
 ``/dev/nvidia-caps/nvidia-cap<minor>``: ``nvidia-modprobe`` does, and the NVIDIA Container
 Toolkit's ``internal/nvcaps/nvcaps.go`` and ``internal/system/nvdevices`` (``createMigDeviceNodes``:
 the ``nvidia-caps`` major from ``/proc/devices``, one char node per capability minor) do the same.
-The fake NVML with ``make_nodes=False`` behaves as the driver alone.
+The stand-in libnvidia-ml with ``make_nodes=False`` behaves as the driver alone.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from backends.nvidia.capnodes import (
     read_cap_file,
 )
 from backends.nvidia.migjournal import MigEntry, MigJournal
-from tests.fakes.fake_pynvml import MigNvml, dynamic_gpu
+from tests.fakes.libnvml import MigLibNvml, dynamic_gpu
 from tests.nvidia.conftest import BackendFactory
 
 CLAIM = ClaimRef("default", "claim-1", "uid-1")
@@ -51,7 +51,7 @@ class Recorder:
 
 
 @pytest.fixture
-def nvml(tmp_path: Path) -> MigNvml:
+def nvml(tmp_path: Path) -> MigLibNvml:
     """A dynamic A100-80GB whose driver makes capability files but no capability nodes."""
     dev = tmp_path / "dev"
     dev.mkdir()
@@ -59,13 +59,13 @@ def nvml(tmp_path: Path) -> MigNvml:
         (dev / name).touch()
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc" / "devices").write_text(PROC_DEVICES)
-    return MigNvml(
+    return MigLibNvml(
         [dynamic_gpu("NVIDIA A100-SXM4-80GB", 0)], proc_root=tmp_path / "proc", dev_root=dev, make_nodes=False
     )
 
 
 async def prepare(
-    make_backend: BackendFactory, nvml: MigNvml, tmp_path: Path, maker: NodeMaker
+    make_backend: BackendFactory, nvml: MigLibNvml, tmp_path: Path, maker: NodeMaker
 ) -> tuple[ContainerEdits | None, BackendError | None]:
     backend = make_backend(
         nvml, cdi_mode="own", dynamic_mig="true", dynamic_mig_dir=str(tmp_path / "state"), make_node=maker
@@ -85,7 +85,7 @@ def journal_entries(tmp_path: Path) -> list[MigEntry]:
 
 
 async def test_prepare_makes_the_missing_capability_nodes(
-    make_backend: BackendFactory, nvml: MigNvml, tmp_path: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, tmp_path: Path
 ) -> None:
     maker = Recorder()
     edits, error = await prepare(make_backend, nvml, tmp_path, maker)
@@ -101,7 +101,7 @@ async def test_prepare_makes_the_missing_capability_nodes(
 
 
 async def test_existing_nodes_are_left_alone(
-    make_backend: BackendFactory, nvml: MigNvml, tmp_path: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, tmp_path: Path
 ) -> None:
     nvml.make_nodes = True  # nvidia-modprobe made them
     maker = Recorder()
@@ -110,7 +110,7 @@ async def test_existing_nodes_are_left_alone(
 
 
 async def test_a_node_that_cannot_be_made_fails_the_claim_and_rolls_back(
-    make_backend: BackendFactory, nvml: MigNvml, tmp_path: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, tmp_path: Path
 ) -> None:
     maker = Recorder(PermissionError(1, "Operation not permitted"))
     _, error = await prepare(make_backend, nvml, tmp_path, maker)
@@ -121,7 +121,7 @@ async def test_a_node_that_cannot_be_made_fails_the_claim_and_rolls_back(
 
 
 async def test_no_nvidia_caps_major_fails_the_claim_and_rolls_back(
-    make_backend: BackendFactory, nvml: MigNvml, tmp_path: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, tmp_path: Path
 ) -> None:
     (tmp_path / "proc" / "devices").write_text("Character devices:\n195 nvidia\n\nBlock devices:\n7 loop\n")
     maker = Recorder()
@@ -168,7 +168,7 @@ def test_caps_major_is_a_character_device(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a character device needs root (CAP_MKNOD)")
 async def test_as_root_the_nodes_are_real_character_devices(
-    make_backend: BackendFactory, nvml: MigNvml, tmp_path: Path
+    make_backend: BackendFactory, nvml: MigLibNvml, tmp_path: Path
 ) -> None:
     old = os.umask(0o077)  # a narrow umask must not narrow the driver's mode
     try:

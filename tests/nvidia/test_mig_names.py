@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from tests.fakes.fake_pynvml import FakeMig, FakeNvml, a100_mig
+from tests.fakes.libnvml import FakeMig, LibNvml, a100_mig
 from tests.nvidia.conftest import BackendFactory
 
 
@@ -25,7 +25,7 @@ async def test_two_compute_instances_of_one_gpu_instance(
         FakeMig("MIG-a1000000-0012-0000-0000-000000000000", 2, 1, 9, 4, 4, ci_slices=1),
         FakeMig("MIG-a1000000-0011-0000-0000-000000000000", 2, 0, 9, 4, 4, ci_slices=1),
     ]
-    backend = make_backend(FakeNvml([gpu]))
+    backend = make_backend(LibNvml([gpu]))
     await backend.start()
     try:
         devices = {d.name: d for d in await backend.discover()}

@@ -17,10 +17,10 @@ import pytest
 
 from agent.core.backend import ConditionKind
 from agent.core.model import Severity
-from tests.fakes.fake_pynvml import (
+from tests.fakes.libnvml import (
     XID_CRITICAL,
-    FakeNvml,
-    MigNvml,
+    LibNvml,
+    MigLibNvml,
     a100_mig,
     as_mock,
     dynamic_gpu,
@@ -41,15 +41,15 @@ A100_DEVICES = {
 }
 
 
-def mock_node() -> FakeNvml:
+def mock_node() -> LibNvml:
     """An H100 and an L4 answering as the mock does, and an A100 with MIG devices whose events are
     XID-only too (the mock returns no MIG device handles: its A100 would publish nothing)."""
     a100 = a100_mig(1)
     a100.supported_events, a100.recovery_action = XID_CRITICAL, None
-    return FakeNvml([as_mock(h100(0)), a100, as_mock(l4(3))])
+    return LibNvml([as_mock(h100(0)), a100, as_mock(l4(3))])
 
 
-async def registered(fake: FakeNvml) -> None:
+async def registered(fake: LibNvml) -> None:
     await until(lambda: fake.event_sets and fake.event_sets[-1].waits > 0)
 
 
@@ -153,7 +153,7 @@ async def test_dynamic_mig_gpu_instance_calls_not_supported_publish_the_gpu_whol
 ) -> None:
     a100 = "NVIDIA A100-SXM4-80GB"
     gpus = [as_mock(dynamic_gpu(a100, 0)), as_mock(dynamic_gpu("NVIDIA H100 80GB HBM3", 1))]
-    nvml = MigNvml(gpus)
+    nvml = MigLibNvml(gpus)
     backend = make_backend(nvml, cdi_mode="own", dynamic_mig="true", dynamic_mig_dir=str(tmp_path / "state"))
     await backend.start()
     with caplog.at_level(logging.INFO, logger="agent.backends.nvidia"):

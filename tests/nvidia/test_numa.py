@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agent.kube.slices import device_to_api
 from backends.nvidia.discovery import NUMA_NODE, numa_node
-from tests.fakes.fake_pynvml import FakeNvml
+from tests.fakes.libnvml import LibNvml
 from tests.nvidia.conftest import BackendFactory
 
 
@@ -17,7 +17,7 @@ def set_numa(sysfs: Path, bus_id: str, value: str) -> None:
 
 
 async def test_gpus_and_mig_devices_carry_their_numa_node(
-    make_backend: BackendFactory, fake: FakeNvml, sysfs: Path
+    make_backend: BackendFactory, fake: LibNvml, sysfs: Path
 ) -> None:
     set_numa(sysfs, "0000:07:00.0", "0")  # the A100 in MIG mode
     set_numa(sysfs, "0000:18:00.0", "1")  # the H100

@@ -1,4 +1,5 @@
-"""The NVIDIA backend's sharing on the fake NVML: shareable devices, MPS and time-slicing wired in."""
+"""The NVIDIA backend's sharing on the stand-in libnvidia-ml: shareable devices, MPS and
+time-slicing wired in."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from agent.core.sharing import DeviceShare, OpaqueConfig
 from backends.fake.sharing import FakeGpuPolicy, FakeMpsProgram
 from backends.nvidia import NvidiaBackend
 from backends.nvidia.mps import NoMounter
-from tests.fakes.fake_pynvml import FakeNvml, h100
+from tests.fakes.libnvml import LibNvml, h100
 from tests.nvidia.conftest import build_sysfs
 from tests.support.clock import FakeClock
 
@@ -27,7 +28,7 @@ def backend(tmp_path: Path) -> NvidiaBackend:
     )
     return NvidiaBackend(
         options,
-        nvml_module=FakeNvml([h100(0)]).module,
+        nvml_module=LibNvml([h100(0)]).module,
         clock=FakeClock(),
         sysfs_root=build_sysfs(tmp_path / "sys"),
         proc_root=tmp_path / "proc",

@@ -27,6 +27,7 @@ ALERTS = {
     "DraAgentPublishFailing",
     "DraAgentTaintsUnpublishable",
     "DraAgentClaimErrors",
+    "DraAgentClaimStatusFailing",
     "DraAgentCheckpointRecovered",
     "DraAgentRegistrationLost",
     "DraAgentHealthPassStale",

@@ -19,9 +19,11 @@ DASHBOARDS = sorted(GRAFANA.glob("*.json"))
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 _LABEL_VALUES = re.compile(r"^label_values\((.*),\s*(\w+)\)$")
 VENDOR_EXPORTERS: dict[str, frozenset[str]] = {
-    # dcgm-exporter (NVIDIA): its per-GPU labels and the pod labels it adds in Kubernetes mode.
-    "DCGM_FI_DEV_GPU_UTIL": frozenset(
-        {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "namespace", "pod", "container"}
+    # dcgm-exporter (NVIDIA): its per-GPU labels, a MIG instance's, and the pod labels it adds in
+    # Kubernetes mode (internal/pkg/rendermetrics/render_metrics.go, transformation/kubernetes.go).
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": frozenset(
+        {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "GPU_I_PROFILE", "GPU_I_ID"}
+        | {"namespace", "pod", "container"}
     ),
     # AMD device-metrics-exporter: exportermetrics.GPUMetricLabel names, lower-cased as it exports them.
     "gpu_gfx_activity": frozenset(
@@ -216,15 +218,18 @@ _JOIN = re.compile(r"\bon\s*\(([^)]*)\)\s*group_(?:left|right)")
 
 
 def test_workloads_joins_telemetry_and_vendor_exporters_on_uuid() -> None:
-    """One ``on (UUID)`` joins the allocation info with the agent's telemetry and with dcgm-exporter
-    (whose label is ``UUID``); AMD's exporter's ``gpu_uuid`` is renamed to it by label_replace."""
+    """One ``on (UUID)`` joins the allocation info with the agent's telemetry; dcgm-exporter's join
+    adds ``GPU_I_ID`` (its MIG series carry the parent GPU's ``UUID``: the allocation info's
+    ``parent_UUID`` is renamed to ``UUID`` by label_replace); AMD's exporter's ``gpu_uuid`` is
+    renamed to ``UUID`` by label_replace."""
     assert {"UUID", "namespace", "pod", "container"} <= set(ALLOCATION_LABELS)
     assert "UUID" in TELEMETRY_LABELS and "pci_bus_id" in ALLOCATION_LABELS
     labels = series_labels(WORKLOADS)
     joined: set[str] = set()
     for expr, _ in queries(load(WORKLOADS)):
         for clause in _JOIN.findall(expr):
-            assert [k.strip() for k in clause.split(",")] == ["UUID"], expr
+            keys = [k.strip() for k in clause.split(",")]
+            assert keys == ["UUID"] or (keys == ["UUID", "GPU_I_ID"] and '"parent_UUID"' in expr), expr
             assert "dra_agent_device_allocation_info" in metric_names(expr), expr
             for metric in metric_names(expr) - {"dra_agent_device_allocation_info"}:
                 renamed = "label_replace(" in expr and '"UUID"' in expr

@@ -27,8 +27,8 @@ from agent.observe.metrics import (
 from agent.observe.telemetry import TelemetryPoller
 from backends.amd import health as amd_health
 from backends.amd.backend import AmdBackend
-from backends.fake.backend import CONDITIONS as FAKE_CONDITIONS
 from backends.fake.backend import FakeBackend
+from backends.fake.conditions import CONDITIONS as FAKE_CONDITIONS
 from backends.fake.faults import FaultInjector
 from backends.nvidia import health as nvidia_health
 from backends.nvidia.backend import NvidiaBackend
@@ -223,8 +223,8 @@ def test_the_claims_code_raises_only_reasons_created_at_start() -> None:
     claims = ROOT / "agent" / "claims"
     every_claim_reason = set().union(*CLAIM_ERROR_REASONS.values())
     scanned: set[str] = set()
-    for path in sorted(claims.glob("*.py")):
-        for callee in ("_ClaimFailure", "ClaimAllocationError"):
+    for path in sorted(claims.rglob("*.py")):
+        for callee in ("ClaimFailure", "ClaimAllocationError"):
             for function, reasons in _reasons(path, callee, 1).items():
                 operation = "unprepare" if "unprepare" in function else "prepare"
                 unknown = reasons - set(CLAIM_ERROR_REASONS[operation])
@@ -232,7 +232,7 @@ def test_the_claims_code_raises_only_reasons_created_at_start() -> None:
                     f"{path.name}:{function}: add {unknown} to CLAIM_ERROR_REASONS[{operation!r}]"
                 )
                 scanned |= reasons
-        for function, reasons in _reasons(path, "_count", 2).items():
+        for function, reasons in _reasons(path, "report.count", 2).items():
             assert reasons <= every_claim_reason, (
                 f"{path.name}:{function}: add {reasons} to CLAIM_ERROR_REASONS"
             )

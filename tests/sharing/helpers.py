@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.claims.state import DeviceState
+from agent.claims.state.machine import DeviceState
 from agent.core.backend import BackendOptions, ClaimRef
 from backends.fake import create_backend
 from backends.fake.backend import FakeBackend

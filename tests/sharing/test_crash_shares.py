@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from agent.claims.checkpoint import ClaimPhase, decode
-from agent.claims.statehooks import Step
+from agent.claims.checkpoint.format import ClaimPhase, decode
+from agent.claims.state.hooks import Step
 from tests.sharing.helpers import (
     GPU0_UUID,
     MPS,

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.claims.state import DeviceState
+from agent.claims.state.machine import DeviceState
 from agent.core.backend import BackendOptions
 from agent.core.quantity import Quantity
 from agent.core.sharing import DeviceConfigError, OpaqueConfig
@@ -30,7 +29,7 @@ from backends.nvidia.sharingconfig import (
     NvSharing,
     parse_nvidia_config,
 )
-from tests.fakes.fake_amdsmi import FakeAmdSmi, mi300x
+from tests.fakes.amd_standin import load, mi300x
 from tests.kubelet.fakes import FakeClaimSource
 from tests.sharing.helpers import (
     AMD,
@@ -491,11 +490,12 @@ class HostDev:
 async def test_amd_backend_prepare_with_amd_configs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: dict[str, Any], refused: str
 ) -> None:
-    """The real AMD backend over the fake amdsmi: AMD's GpuConfig prepares, its VfioDeviceConfig does not.
+    """The real AMD backend over the real amdsmi and the stand-in library: AMD's GpuConfig prepares,
+    its VfioDeviceConfig does not.
 
     Kinds from ``api/amd.com/resource/gpu/v1alpha1/api.go`` of ROCm/k8s-gpu-dra-driver.
     """
-    monkeypatch.setitem(sys.modules, "amdsmi", FakeAmdSmi(mi300x(count=1)))
+    load().configure(mi300x(count=1))
     backend = AmdBackend(
         BackendOptions(NODE, None, {"sysfs-root": os.devnull}), clock=FakeClock(), stat_fn=HostDev()
     )

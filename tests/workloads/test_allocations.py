@@ -17,7 +17,7 @@ import anyio
 import pytest
 from grpclib.server import Server
 
-from agent.claims.state import DeviceState
+from agent.claims.state.machine import DeviceState
 from agent.core.inventory import Inventory
 from agent.kubelet._protos.v1 import (
     ClaimResource,

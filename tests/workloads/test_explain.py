@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.claims.state import DeviceState
+from agent.claims.state.machine import DeviceState
 from agent.cli import main
 from agent.core.backend import ClaimRef
 from agent.core.errors import KubeApiError

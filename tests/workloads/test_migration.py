@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agent.app import create_backends
-from agent.claims.state import DeviceState
+from agent.claims.state.machine import DeviceState
 from agent.config import AgentConfig, parse_backend_spec
 from agent.core.backend import ClaimRef
 from agent.core.errors import ConfigError, DeviceNotFoundError

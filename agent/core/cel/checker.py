@@ -9,6 +9,7 @@ from agent.core.cel.declarations import _DECLS, _UNSUPPORTED
 from agent.core.cel.types import (
     _ATTRIBUTES,
     _CAPACITY,
+    _COMPARABLE,
     _DEVICE,
     _T,
     _TYPE_IDENTS,
@@ -25,16 +26,20 @@ class _Checker:
 
     def __init__(self) -> None:
         self.errors: list[tuple[int, str]] = []
-        self.exempt: set[int] = set()
+        self.types: dict[int, _T] = {}
+        """id(node) -> its type, for the validators."""
 
     def check(self, node: _Node, scope: Mapping[str, _T]) -> _T:
+        result = self.infer(node, scope)
+        self.types[id(node)] = result
+        return result
+
+    def infer(self, node: _Node, scope: Mapping[str, _T]) -> _T:
         if isinstance(node, _Lit):
             return _literal_type(node.value)
         if isinstance(node, _Ident):
             if node.name in scope:
                 return scope[node.name]
-            if node.name == "device":
-                return _DEVICE
             if node.name in _TYPE_IDENTS:
                 return "type"
             self.errors.append((node.pos, f"undeclared reference to '{node.name}' (in container '')"))
@@ -50,8 +55,6 @@ class _Checker:
             return "bool" if node.test else result
         if isinstance(node, _ListLit):
             types = [self.check(i, scope) for i in node.items]
-            if id(node) in self.exempt:  # the strings extension exempts format()'s argument list
-                return ("list", "dyn")
             return ("list", self.join(node, types))
         if isinstance(node, _MapLit):
             keys = [self.check(k, scope) for k, _ in node.entries]
@@ -60,23 +63,19 @@ class _Checker:
         if isinstance(node, _Comprehension):
             return self.comprehension(node, scope)
         assert isinstance(node, _Call)
-        if node.function == "format" and node.args and isinstance(node.args[0], _ListLit):
-            self.exempt.add(id(node.args[0]))
         target = self.check(node.target, scope) if node.target is not None else None
         args = [self.check(a, scope) for a in node.args]
         return self.call(node, target, args)
 
     def join(self, node: _Node, types: list[_T]) -> _T:
+        """The element type of a literal; mixed types are dyn (the validators reject them)."""
         known = [t for t in types if not _is_dyn(t)]
         if not known:
             return "dyn"
+        if "error" in known:
+            return "error"
         first = known[0]
-        for t in known[1:]:
-            if t != first:
-                # cel.HomogeneousAggregateLiterals
-                self.errors.append((node.pos, f"expected type '{_fmt(first)}' but found '{_fmt(t)}'"))
-                return "error"
-        return first
+        return first if all(t == first for t in known[1:]) else "dyn"
 
     def select(self, node: _Select, operand: _T) -> _T:
         if _is_dyn(operand):
@@ -150,6 +149,22 @@ class _Checker:
             return ("list", inner[node.var])
         if node.kind in ("map", "transformList"):
             return ("list", body)
+        if node.kind == "sortBy":
+            if not (_is_dyn(body) or body in _COMPARABLE):
+                shown = f"{_fmt(rng)}.({_fmt(('list', body))})"
+                self.errors.append(
+                    (node.pos, f"found no matching overload for '@sortByAssociatedKeys' applied to '{shown}'")
+                )
+                return "error"
+            return rng if not _is_dyn(rng) else ("list", "dyn")
+        if node.kind == "transformMapEntry":
+            if not (_is_dyn(body) or (isinstance(body, tuple) and body[0] == "map")):
+                shown = f"(map(dyn, dyn), {_fmt(body)})"
+                self.errors.append(
+                    (node.pos, f"found no matching overload for 'cel.@mapInsert' applied to '{shown}'")
+                )
+                return "error"
+            return body if not _is_dyn(body) else ("map", "dyn", "dyn")
         return ("map", key, body)  # transformMap
 
     def expect_bool(self, node: _Node, t: _T) -> None:

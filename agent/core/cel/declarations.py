@@ -1,15 +1,16 @@
 """The scheduler's CEL environment: every function's overloads, by library, and the declared gaps.
 
-Standard CEL, cel-go's strings (version 2) and sets extensions, the Kubernetes lists, regex,
-quantity and semver (version 1) libraries. `_UNSUPPORTED` lists what the environment declares but
-explain does not evaluate (URL, IP/CIDR, format, image, authz, durations and timestamps).
+Standard CEL, cel-go's strings (version 2), sets and lists (version 3) extensions, the Kubernetes
+lists, regex, quantity and semver (version 1) libraries. `_UNSUPPORTED` lists what the environment
+declares but explain does not evaluate (URL, IP/CIDR, format, authz selectors, durations and
+timestamps).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.core.cel.types import _NUMERIC, _QTY, _SEMVER, _T
+from agent.core.cel.types import _COMPARABLE, _NUMERIC, _QTY, _SEMVER, _T
 
 
 @dataclass(frozen=True)
@@ -93,12 +94,20 @@ def _declarations() -> dict[str, list[_Overload]]:
     # cel-go sets extension.
     for name in ("sets.contains", "sets.equivalent", "sets.intersects"):
         add(name, _o(False, "bool", _LIST_A, _LIST_A))
-    # Kubernetes lists library.
-    add("isSorted", _o(True, "bool", _LIST_A))
-    for name in ("sum", "min", "max"):
-        add(name, _o(True, _A, _LIST_A))
+    # Kubernetes lists library: the element types each function is declared for.
+    add("isSorted", *(_o(True, "bool", ("list", t)) for t in _COMPARABLE))
+    add("sum", *(_o(True, t, ("list", t)) for t in _NUMERIC))
+    for name in ("min", "max"):
+        add(name, *(_o(True, t, ("list", t)) for t in _COMPARABLE))
     for name in ("indexOf", "lastIndexOf"):
         add(name, _o(True, "int", _LIST_A, _A))
+    # cel-go lists extension, version 3 (sortBy is a macro).
+    add("slice", _o(True, _LIST_A, _LIST_A, "int", "int"))
+    add("flatten", _o(True, _LIST_A, ("list", _LIST_A)), _o(True, ("list", "dyn"), ("list", "dyn"), "int"))
+    add("sort", *(_o(True, ("list", t), ("list", t)) for t in _COMPARABLE))
+    for name in ("reverse", "distinct"):
+        add(name, _o(True, _LIST_A, _LIST_A))
+    add("lists.range", _o(False, ("list", "int"), "int"))
     # Kubernetes regex library.
     add("find", _o(True, "string", "string", "string"))
     add(
@@ -132,14 +141,13 @@ _DECLS = _declarations()
 
 _UNSUPPORTED = frozenset(
     {
-        # Kubernetes URL, IP, CIDR, format, image and authz libraries; durations and timestamps.
+        # Kubernetes URL, IP, CIDR, format and authz selector libraries; durations and timestamps.
+        # (No image library and no authorizer variable: base.go and compile.go declare none.)
         "url", "isURL", "getScheme", "getHost", "getHostname", "getPort", "getEscapedPath", "getQuery",
         "ip", "isIP", "family", "isUnspecified", "isLoopback", "isLinkLocalMulticast",
         "isLinkLocalUnicast", "isGlobalUnicast", "isCanonical", "cidr", "isCIDR", "containsIP",
         "containsCIDR", "masked", "prefixLength", "validate", "named", "duration", "timestamp",
         "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getFullYear", "getMonth",
-        "getHours", "getMilliseconds", "getMinutes", "getSeconds", "image", "isImage",
-        "containerImage", "registry", "repository", "identifier", "tag", "digest",
-        "authorizer", "fieldSelector", "labelSelector",
+        "getHours", "getMilliseconds", "getMinutes", "getSeconds", "fieldSelector", "labelSelector",
     }
 )  # fmt: skip

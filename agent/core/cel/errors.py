@@ -6,8 +6,6 @@ every message is capped to `MAX_MESSAGE` printable characters (no Python state i
 
 from __future__ import annotations
 
-import lark
-
 COST_LIMIT = 1_000_000
 """resourceapi.CELSelectorExpressionMaxCost: the scheduler's runtime cost limit per selector."""
 
@@ -53,21 +51,6 @@ def _located(source: str, pos: int, message: str) -> str:
     line_end = source.find("\n", pos)
     line = source[line_start : line_end if line_end >= 0 else len(source)]
     return f"ERROR: <input>:{line_no}:{column}: {message}\n | {line}\n | {'.' * (column - 1)}^"
-
-
-def _syntax_error(source: str, error: lark.exceptions.UnexpectedInput) -> str:
-    """cel-go's ``Syntax error: mismatched input 'X'`` / ``token recognition error at: 'X'``."""
-    pos = int(getattr(error, "pos_in_stream", None) or 0)
-    if isinstance(error, lark.exceptions.UnexpectedToken):
-        token = error.token
-        if token.type == "$END":
-            pos = len(source)
-            return _located(source, pos, "Syntax error: mismatched input '<EOF>'")
-        pos = int(token.start_pos or pos)
-        return _located(source, pos, f"Syntax error: mismatched input '{_cap(str(token))[:40]}'")
-    if isinstance(error, lark.exceptions.UnexpectedCharacters):
-        return _located(source, pos, f"Syntax error: token recognition error at: '{source[pos : pos + 1]}'")
-    return _located(source, pos, "Syntax error")
 
 
 def _no_overload(name: str = "") -> _RuntimeError:

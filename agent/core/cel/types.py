@@ -14,6 +14,8 @@ _DEVICE = "kubernetes.DRADevice"
 _ATTRIBUTES = ("map", "string", ("map", "string", "any"))
 _CAPACITY = ("map", "string", ("map", "string", _QTY))
 _NUMERIC = ("int", "uint", "double")
+_COMPARABLE = ("int", "uint", "double", "bool", "string", "bytes")
+"""What the lists libraries order (cel-go ext/lists.go comparableTypes, less duration and timestamp)."""
 
 
 def _fmt(t: _T) -> str:

@@ -1,16 +1,29 @@
-"""Stand-in for ``amdsmi`` in the agent processes of the lifecycle tests (put first on PYTHONPATH).
+"""AMD's real ``amdsmi`` in the agent processes of the lifecycle tests, over the stand-in library.
 
-``DRA_TEST_AMD_GPUS=N`` gives a node with N MI300X GPUs (tests/fakes/fake_amdsmi.py); 0 or unset
-is a node without ROCm: the import fails as it does when libamd_smi.so is missing.
+This directory is first on the agent's PYTHONPATH; this module points the real binding at the
+stand-in ``libamd_smi.so`` (tests/fakes/amd_standin.py) through ``ROCM_PATH`` and imports it from
+behind itself. ``DRA_TEST_AMD_GPUS=N`` gives a node with N MI300X GPUs; 0 or unset is a node
+without ROCm: ``ROCM_PATH`` names an empty directory and the real import fails as it does there.
 """
 
 import os
 import sys
+import tempfile
 
+_here = os.path.dirname(os.path.abspath(__file__))
 _count = int(os.environ.get("DRA_TEST_AMD_GPUS", "0"))
-if not _count:
-    raise ImportError("libamd_smi.so: cannot open shared object file: No such file or directory")
+_path = list(sys.path)
+# The real package, not this module, from here on (the stand-in's build reads its wrapper).
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+del sys.modules[__name__]
+try:
+    if _count:
+        from tests.fakes.amd_standin import environment, mi300x
 
-from tests.fakes.fake_amdsmi import FakeAmdSmi, mi300x  # noqa: E402
-
-sys.modules[__name__] = FakeAmdSmi(mi300x("spx_nps1", count=_count))
+        os.environ.update(environment(mi300x("spx_nps1", count=_count)))
+    else:
+        os.environ["ROCM_PATH"] = tempfile.mkdtemp(prefix="no-rocm-")
+    import amdsmi as _real
+finally:
+    sys.path[:] = _path
+sys.modules[__name__] = _real

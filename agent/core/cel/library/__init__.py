@@ -11,6 +11,7 @@ from typing import Any
 
 from agent.core.cel.library.format import _format
 from agent.core.cel.library.lists import _is_sorted, _min_max, _sum
+from agent.core.cel.library.listsext import _distinct, _flatten, _range, _reverse, _slice, _sort
 from agent.core.cel.library.operators import _binary, _neg, _not
 from agent.core.cel.library.quantity import (
     _as_float,
@@ -89,6 +90,12 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "sets.contains": _sets_contains,
     "sets.equivalent": _sets_equivalent,
     "sets.intersects": _sets_intersects,
+    "slice": _slice,
+    "flatten": _flatten,
+    "sort": _sort,
+    "reverse": _reverse,
+    "distinct": _distinct,
+    "lists.range": _range,
     "isSorted": _is_sorted,
     "sum": _sum,
     "min": _min_max(largest=False),

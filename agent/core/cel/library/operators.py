@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from fractions import Fraction
 from typing import Any
 
 from agent.core.cel.errors import _no_overload, _RuntimeError
@@ -30,7 +29,11 @@ def _is_num(v: Any) -> bool:
 
 def _equal(a: Any, b: Any) -> bool:
     if _is_num(a) and _is_num(b):
-        return Fraction(a) == Fraction(b) if not (isinstance(a, float) and math.isnan(a)) else False
+        if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
+            return False
+        if isinstance(a, float) or isinstance(b, float):
+            return float(a) == float(b)  # cel-go compares an integer with a double as a double
+        return int(a) == int(b)
     if _type_name(a) != _type_name(b):
         return False
     if isinstance(a, list):
@@ -46,8 +49,10 @@ def _compare(a: Any, b: Any) -> int:
     if _is_num(a) and _is_num(b):
         if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
             raise _RuntimeError("NaN values cannot be ordered")
-        fa, fb = Fraction(a), Fraction(b)
-        return (fa > fb) - (fa < fb)
+        if isinstance(a, float) or isinstance(b, float):
+            fa, fb = float(a), float(b)  # cel-go: an integer against a double, as a double
+            return (fa > fb) - (fa < fb)
+        return (int(a) > int(b)) - (int(a) < int(b))
     if type(a) is type(b) and isinstance(a, str | bytes | bool):
         return int((a > b) - (a < b))
     raise _no_overload()
@@ -104,12 +109,14 @@ def _binary(name: str) -> Callable[..., Any]:
                 return any(_equal(a, k) for k in b)
             raise TypeError
         if name == "_[_]":
-            if isinstance(a, list):
-                if not (_is_num(b) and float(b).is_integer()):
-                    raise TypeError
+            if isinstance(a, list):  # cel-go: an index qualifies an attribute (interpreter/attributes.go)
+                if not _is_num(b):
+                    raise _RuntimeError(f"unsupported index type '{_type_name(b)}' in list")
+                if not float(b).is_integer() or not _INT_MIN <= b <= _INT_MAX:
+                    raise _RuntimeError(f"unsupported index value {_show(b)} in list")
                 index = int(b)
                 if not 0 <= index < len(a):
-                    raise _RuntimeError(f"index '{index}' out of range in list size '{len(a)}'")
+                    raise _RuntimeError(f"index out of bounds: {_show(b)}")
                 return a[index]
             if isinstance(a, dict):
                 for key in a:

@@ -5,6 +5,7 @@ The three comparisons serve both quantities and semantic versions.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
@@ -20,11 +21,21 @@ _QUANTITY_ERROR = (
 )
 
 
+_QUANTITY_FORM = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
+
+
 def _quantity(member: bool, text: Any) -> CelQuantity:
+    value = _s(text)
     try:
-        return CelQuantity(Quantity.parse(_s(text)))
+        return CelQuantity(Quantity.parse(value))
     except QuantityError:
-        raise _RuntimeError(_QUANTITY_ERROR) from None
+        form = _QUANTITY_FORM.match(value)
+        if form is None:
+            raise _RuntimeError(_QUANTITY_ERROR) from None
+        if form.group(1).count(".") > 1 or form.group(1).strip("+-") in ("", "."):
+            raise _RuntimeError("unable to parse numeric part of quantity") from None
+        # resource.ParseQuantity's ErrSuffix
+        raise _RuntimeError("unable to parse quantity's suffix") from None
 
 
 def _is_quantity(member: bool, text: Any) -> bool:

@@ -48,8 +48,16 @@ def _re2_message(error: Exception) -> str:
     return _GO_REGEXP.get(head, head or "invalid pattern")
 
 
+def _find_re(pattern: Any) -> Any:
+    """The Kubernetes regex library reports a pattern that does not compile as ``Illegal regex``."""
+    try:
+        return _re(pattern)
+    except _RuntimeError as error:
+        raise _RuntimeError(f"Illegal regex: {error.message.removesuffix(f': `{pattern}`')}") from None
+
+
 def _find(member: bool, s: Any, pattern: Any) -> str:
-    found = _re(pattern).search(_s(s))
+    found = _find_re(pattern).search(_s(s))
     return "" if found is None else str(found.group(0))
 
 
@@ -57,5 +65,5 @@ def _find_all(member: bool, s: Any, pattern: Any, *n: Any) -> list[str]:
     limit = _i(n[0]) if n else -1
     if limit == 0:
         return []
-    found = [m.group(0) for m in _re(pattern).finditer(_s(s))]
+    found = [m.group(0) for m in _find_re(pattern).finditer(_s(s))]
     return found[:limit] if limit > 0 else found

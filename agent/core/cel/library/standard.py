@@ -7,6 +7,7 @@ from typing import Any
 
 from agent.core.cel.errors import _RuntimeError
 from agent.core.cel.library.arguments import _s, _want
+from agent.core.cel.library.gotext import _go_g
 from agent.core.cel.library.operators import _check_int, _check_uint
 from agent.core.cel.library.regex import _re
 from agent.core.cel.values import _INT_MIN, _UINT_MAX, _type_name, _TypeValue, _UInt
@@ -41,8 +42,8 @@ def _to_int(member: bool, v: Any) -> int:
     if isinstance(v, int):
         return _check_int(int(v))
     if isinstance(v, float):
-        if math.isnan(v) or math.isinf(v) or not _INT_MIN <= v < 2.0**63:
-            raise _RuntimeError("double is out of range for int")
+        if math.isnan(v) or math.isinf(v) or not _INT_MIN < v < 2.0**63:
+            raise _RuntimeError("integer overflow")  # cel-go doubleToInt64Checked
         return int(v)
     if isinstance(v, str):
         try:
@@ -61,7 +62,7 @@ def _to_uint(member: bool, v: Any) -> _UInt:
         return _UInt(v)
     if isinstance(v, float):
         if math.isnan(v) or not 0 <= v < 2.0**64:
-            raise _RuntimeError("double is out of range for uint")
+            raise _RuntimeError("unsigned integer overflow")  # cel-go doubleToUint64Checked
         return _UInt(int(v))
     if isinstance(v, str):
         try:
@@ -90,24 +91,13 @@ def _to_string(member: bool, v: Any) -> str:
     if isinstance(v, int | str):
         return str(v)
     if isinstance(v, float):
-        return _format_double(v)
+        return _go_g(v)
     if isinstance(v, bytes):
         try:
             return v.decode("utf-8")
         except UnicodeDecodeError:
             raise _RuntimeError("invalid UTF-8 in bytes, cannot convert to string") from None
     raise TypeError
-
-
-def _format_double(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    text = repr(v)
-    if text.endswith(".0"):
-        text = text[:-2]
-    return text
 
 
 def _to_bytes(member: bool, v: Any) -> bytes:

@@ -20,22 +20,34 @@ def _char_at(member: bool, s: Any, i: Any) -> str:
 
 
 def _index_of(member: bool, s: Any, sub: Any, *start: Any) -> int:
+    """cel-go v0.26 indexOfOffset: past the end is -1, a negative offset an error."""
     if isinstance(s, list):
         return _list_index_of(s, sub, last=False)
     text, part = _s(s), _s(sub)
     offset = _i(start[0]) if start else 0
-    if offset < 0 or offset > len(text):
+    if part == "":
+        return offset
+    if offset < 0:
         raise _RuntimeError(f"index out of range: {offset}")
+    if offset >= len(text):
+        return -1
     return text.find(part, offset)
 
 
 def _last_index_of(member: bool, s: Any, sub: Any, *end: Any) -> int:
+    """cel-go v0.26 lastIndexOfOffset: past the end is -1, a negative offset an error."""
     if isinstance(s, list):
         return _list_index_of(s, sub, last=True)
     text, part = _s(s), _s(sub)
-    offset = _i(end[0]) if end else len(text)
-    if offset < 0 or offset > len(text):
+    if not end:
+        return len(text) if part == "" else text.rfind(part)
+    offset = _i(end[0])
+    if part == "":
+        return offset
+    if offset < 0:
         raise _RuntimeError(f"index out of range: {offset}")
+    if offset >= len(text):
+        return -1
     return text.rfind(part, 0, offset + len(part))
 
 

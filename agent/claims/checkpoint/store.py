@@ -8,11 +8,9 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
-from agent.claims.checkpoint import ClaimEntry, EntryTexts
-from agent.claims.checkpointcommit import _Action, _Stage, _Write, _write_group
-from agent.claims.checkpointload import LoadOutcome
-from agent.claims.checkpointpeers import PeerWatch
-from agent.claims.checkpointwrites import _close, _OpenFile, _read_file, _still_open
+from agent.claims.checkpoint.commit import PeerWatch, _Action, _Stage, _Write, _write_group
+from agent.claims.checkpoint.file import LoadOutcome, _close, _OpenFile, _read_file, _still_open
+from agent.claims.checkpoint.format import ClaimEntry, EntryTexts
 from agent.core.errors import AgentError
 
 
