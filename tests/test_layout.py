@@ -395,7 +395,6 @@ def test_the_house_checks_catch_what_they_forbid(tmp_path: Path, monkeypatch: py
             "agent/core/d.py": "import agent.core.c\n\nclass E(Exception):\n    pass\n",
             "agent/core/long.py": "x = 1\n" * 601,
             "agent/emulator/long.py": "x = 1\n" * 601,
-            "backends/amd/health.py": "x = 1\n" * 601,
         },
     )
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
