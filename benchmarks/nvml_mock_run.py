@@ -200,6 +200,10 @@ class AgentLog:
         return None
 
 
+def after(found: dict[str, Any] | None, at: float) -> str:
+    return f"after {found['ts'] - at:.1f} s" if found else f"not within {WAIT_LIMIT:.0f} s"
+
+
 def condition(msg: str, device: str, name: str, value: str | None = None) -> Callable[[dict[str, Any]], bool]:
     def match(record: dict[str, Any]) -> bool:
         return (
@@ -283,12 +287,7 @@ def health(mock: Mock) -> bool:
                 found = log.wait(condition(raised, device, name, value), at)
                 shown = f"{name}={value}" if value else name
                 rows.append(
-                    Row(
-                        f"{title}: {shown} on {device}",
-                        "raised",
-                        f"after {found['ts'] - at:.1f} s" if found else f"not within {WAIT_LIMIT:.0f} s",
-                        found is not None,
-                    )
+                    Row(f"{title}: {shown} on {device}", "raised", after(found, at), found is not None)
                 )
             return at
 
@@ -317,7 +316,7 @@ def health(mock: Mock) -> bool:
             Row(
                 "`fail --gpu 0 --mode healthy`: gpu-lost on gpu-0",
                 "lifted",
-                f"after {lifted['ts'] - at:.1f} s" if lifted else f"not within {WAIT_LIMIT:.0f} s",
+                after(lifted, at),
                 lifted is not None,
             )
         )
