@@ -15,11 +15,13 @@ library built from Go) stands in for the driver; ``pynvml`` loads it through
 Build the mock first (recipe in benchmarks/README.md), then:
 ``python -m benchmarks.nvml_mock_run /path/to/k8s-test-infra/pkg/gpu/mocknvml`` (``--only
 discovery|health|mig``). Prints one table per part; exit status 1 when a check did not hold.
+Another nvidia-ml-py: ``PYTHONPATH=<pip --target dir of it>`` (as ``make nvidia-floor`` does).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -502,6 +504,9 @@ def main() -> None:
     for needed in (root / "libnvidia-ml.so.1", root / "configs", ctl):
         if not needed.exists():
             sys.exit(f"{needed} is missing: build the mock first (recipe in benchmarks/README.md)")
+    import pynvml  # the children import the same one: they inherit PYTHONPATH
+
+    print(f"nvidia-ml-py {importlib.metadata.version('nvidia-ml-py')} ({pynvml.__file__}); mock {root}")
     ok = True
     with tempfile.TemporaryDirectory(prefix="nvml-mock-") as scratch:
         work = args.work.resolve() if args.work else Path(scratch)
