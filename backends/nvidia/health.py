@@ -43,6 +43,7 @@ wait in flight has returned.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import threading
@@ -124,7 +125,7 @@ class HealthState:
 
 
 class _Outcome:
-    """Result of one wait: an event, a timeout, or an error."""
+    """Result of one wait: an event, a timeout, an error, or an event whose device then failed."""
 
     def __init__(self, event: RawEvent | None = None, error: BaseException | None = None) -> None:
         self.event = event
@@ -314,15 +315,27 @@ class HealthMonitor(PassResults):
         except Exception as error:
             if not self._nvml.is_error(error):
                 raise
-            return _Outcome(error=error)
-        return _Outcome(
-            RawEvent(
-                uuid,
-                int(data.eventType),
-                int(data.eventData),
-                int(data.gpuInstanceId),
-                int(data.computeInstanceId),
-            )
+            # NVIDIA's mock (fallen_off_bus): XID 79 comes with a device that already answers
+            # GPU_IS_LOST. The handle is the one we registered: it names the GPU without asking it.
+            watched = self._watched(data.device)
+            return _Outcome(None if watched is None else self._raw(watched, data), error)
+        return _Outcome(self._raw(uuid, data))
+
+    def _watched(self, handle: Any) -> str | None:
+        """The UUID of the GPU we watch through `handle` (NVML handles are stable per process)."""
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+        return next(
+            (u for u, h in self._handles.items() if ctypes.cast(h, ctypes.c_void_p).value == address), None
+        )
+
+    @staticmethod
+    def _raw(uuid: str, data: Any) -> RawEvent:
+        return RawEvent(
+            uuid,
+            int(data.eventType),
+            int(data.eventData),
+            int(data.gpuInstanceId),
+            int(data.computeInstanceId),
         )
 
     def _probe_lost_sync(self) -> list[GpuInfo]:
@@ -447,20 +460,18 @@ class HealthMonitor(PassResults):
     # -- event handling -------------------------------------------------------------------------
 
     async def _handle(self, outcome: _Outcome) -> list[HealthEvent]:
+        events = self._map_event(outcome.event) if outcome.event is not None else []
         if outcome.error is not None:
             lost = await self._nvml.run_health(self._probe_lost_sync)
             if not lost:
                 log.warning("NVML event wait failed", extra=log_fields(error=str(outcome.error)))
                 # Do not spin on a persistent error.
                 await anyio.sleep(self._wait_ms / 1000)
-                return []
-            events: list[HealthEvent] = []
+                return events
             for gpu in lost:
                 events.extend(self._lost_events(gpu, f"GPU is lost: {outcome.error}"))
-            return events + await self._nvml.run_health(self._rebuild_sync)
-        if outcome.event is None:
-            return []
-        return self._map_event(outcome.event)
+            events.extend(await self._nvml.run_health(self._rebuild_sync))
+        return events
 
     def _map_event(self, raw: RawEvent) -> list[HealthEvent]:
         lib = self._lib
