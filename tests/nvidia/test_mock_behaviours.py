@@ -1,6 +1,6 @@
 """Issue 23: what NVIDIA's own mock NVML showed, reproduced on the fake taught its behaviours.
 
-See /work/shared/reference/nvml-mock-vs-fake.md. Each of these failed before the health pass:
+See ../shared/reference/nvml-mock-vs-fake.md. Each of these failed before the health pass:
 (1) a GPU lost with no XID (getters GPU_IS_LOST, event waits time out) was never marked and
 vanished from rediscovery; (2) on a GPU with XID-only events a rising uncorrectable ECC counter
 raised nothing; (3) with dynamic MIG, a GPU in MIG mode whose GPU-instance calls answer

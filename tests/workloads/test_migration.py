@@ -63,7 +63,7 @@ def test_device_classes_serve_the_device_plugins_resource_names_when_enabled() -
 
 def extended_resource_claim(node: str) -> dict[str, Any]:
     """Exactly what the 1.34+ scheduler creates for ``limits: {example.com/gpu: 1}`` (see
-    /work/shared/reference/dra-1.36-verified-shapes.md section 3, from
+    ../shared/reference/dra-1.36-verified-shapes.md section 3, from
     pkg/scheduler/framework/plugins/dynamicresources/extendeddynamicresources.go)."""
     return {
         "apiVersion": "resource.k8s.io/v1",

@@ -10,7 +10,7 @@ that stand for a GPU, a MIG device, a GPU or compute instance, or an event set.
 Test controls: `emit` / `emit_error` feed events, `fail` makes a C function return a code for one
 GPU, `lose` loses a GPU, `hang` makes a function block like a wedged driver (until `release`),
 `missing` names symbols an older driver lacks. NVIDIA's mock NVML (k8s-test-infra ``mocknvml``)
-differs in places (/work/shared/reference/nvml-mock-vs-fake.md): `devices.as_mock`, `lose(...,
+differs in places (../shared/reference/nvml-mock-vs-fake.md): `devices.as_mock`, `lose(...,
 event=False)` (its ``lost`` mode), `fall_off_bus` (its ``fallen_off_bus`` mode) and `raise_ecc`
 (its ``ecc_uncorrectable`` mode) answer as it does.
 """
