@@ -15,6 +15,7 @@ pointed at stderr, so ``dra-agent devices -o yaml`` prints nothing but YAML.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import logging
 import os
@@ -131,12 +132,12 @@ def import_amdsmi(import_module: Callable[[str], Any] = importlib.import_module)
         ) from error
     except AttributeError as error:
         # The wrapper binds every symbol at import: the library is older than the binding.
-        binding = _binding_version(import_module)
+        binding, library = _binding_version(import_module), _library_version()
         raise BindingMismatchError(
-            f"amd backend: {rocm_dir()}/lib/libamd_smi.so lacks a function {where} "
-            f"(amdsmi {binding}) needs ({_symbol(error)}): the library is older "
-            f"than the binding; {PAIR_HINT}",
-            "older",
+            f"amd backend: libamd_smi {library or 'of unknown version'} ({rocm_dir()}/lib/libamd_smi.so)"
+            f" lacks a function {where} (amdsmi {binding}) needs ({_symbol(error)}): the library is"
+            f" older than the binding; {PAIR_HINT}",
+            library or "unknown",
             binding,
         ) from error
     except ImportError as error:
@@ -162,6 +163,20 @@ def _binding_version(import_module: Callable[[str], Any]) -> str:
         return str(import_module("amdsmi._version").__version__)
     except Exception:
         return "unknown"
+
+
+def _library_version() -> str | None:
+    """The host library's version, read without the binding (which could not bind the library):
+    ``amdsmi_get_lib_version`` fills a struct that starts with major, minor and release (uint32,
+    ROCm 6.2 and later; a pointer follows, so the buffer is larger than any release's struct)."""
+    try:
+        lib = ctypes.CDLL(str(rocm_dir() / "lib" / "libamd_smi.so"))
+        fields = (ctypes.c_uint32 * 16)()
+        if lib.amdsmi_get_lib_version(ctypes.byref(fields)) != 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return ".".join(str(number) for number in fields[:3])
 
 
 def check_module(module: Any) -> None:

@@ -25,7 +25,6 @@ from tests.fakes.amd_standin import (
     STATUS_NOT_SUPPORTED,
     AmdSmiLibraryException,
     StandIn,
-    build,
     environment,
     mi210,
 )
@@ -79,14 +78,24 @@ def test_devices_without_the_library_is_one_line_and_nothing_on_stdout(tmp_path:
     assert "Traceback" not in result.stderr
 
 
-def test_devices_with_a_library_older_than_the_binding_names_both(tmp_path: Path) -> None:
-    """A libamd_smi.so lacking a symbol the 7.0.2 wrapper binds (a ROCm 6.x host): one line, exit 2."""
-    result = _devices({"ROCM_PATH": str(build("no-cper"))})
+def test_devices_with_a_library_older_than_the_binding_names_both() -> None:
+    """A libamd_smi.so lacking a symbol the 7.0.2 wrapper binds (a ROCm 6.4 host): one line naming
+    both versions, exit 2."""
+    result = _devices(environment(mi210(1), "no-cper", lib_version="25.3.0"))
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("dra-agent: error:")]
-    assert "amdsmi_get_gpu_cper_entries" in line and "amdsmi 7.0.2" in line and "share/amd_smi" in line
+    assert "amdsmi_get_gpu_cper_entries" in line and "share/amd_smi" in line
+    assert "libamd_smi 25.3.0" in line and "amdsmi 7.0.2" in line
     assert "Traceback" not in result.stderr
+
+
+def test_a_missing_symbol_with_an_unreadable_library_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path))  # the library's version cannot be read there
+    with pytest.raises(BackendError, match=r"libamd_smi of unknown version .* lacks a function .*x_fn"):
+        import_amdsmi(_raising(AttributeError("/lib/libamd_smi.so: undefined symbol: x_fn")))
 
 
 def test_devices_with_a_library_of_another_release_names_both_versions() -> None:

@@ -144,12 +144,16 @@ class AgentPod:
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> AgentPod:
+    def prepare(self) -> None:
+        """What the kubelet does before the container starts: hostPath directories, ConfigMap files."""
         for directory in self.spec.create_dirs:
             directory.mkdir(parents=True, exist_ok=True)
         for path, text in self.spec.files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
+
+    def start(self) -> AgentPod:
+        self.prepare()
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 self.spec.argv, env=self.environment(), cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT
