@@ -238,7 +238,10 @@ class Agent:
                     devices = await runtime.backend.discover()
                 except Exception as error:
                     if runtime.driver in self.optional:
-                        await self._skip(runtime, f"backend cannot start: {error}", started)
+                        # A misconfiguration (e.g. a vendor binding that does not match the host's
+                        # library) is worth a warning; a node without the vendor's stack is not.
+                        level = logging.WARNING if isinstance(error, ConfigError) else logging.INFO
+                        await self._skip(runtime, f"backend cannot start: {error}", started, level)
                         continue
                     if isinstance(error, AgentError):
                         raise
@@ -267,9 +270,12 @@ class Agent:
                 for backend in reversed(started):
                     await _stop_backend(backend)
 
-    async def _skip(self, runtime: DriverRuntime, reason: str, started: list[Backend]) -> None:
+    async def _skip(
+        self, runtime: DriverRuntime, reason: str, started: list[Backend], level: int = logging.INFO
+    ) -> None:
         """Leave out an optional backend that has nothing to serve on this node (said once)."""
-        log.info(
+        log.log(
+            level,
             "optional backend not served on this node",
             extra=log_fields(driver=runtime.driver, reason=reason),
         )

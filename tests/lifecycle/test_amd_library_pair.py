@@ -82,6 +82,7 @@ async def test_optional_amd_is_left_out_in_one_line_and_nvidia_serves(
         await pod.wait_log("optional backend not served on this node")
         (line,) = pod.lines(f"libamd_smi {HOST_LIBRARY}")
         assert f"driver={AMD}" in line and names_both_versions_and_the_fix(line, CASES[case][1]), line
+        assert "level=warning" in line, line  # a misconfiguration, not a node without ROCm
         assert not pool_slices(emu, AMD)
         assert not any(path.exists() for path in pod.sockets(AMD))
         assert AMD not in answer[1]
