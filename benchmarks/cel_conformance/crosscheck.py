@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core.cel import CelCompileError, CelError, CelType, CelUint, evaluate
+from agent.core.cel.errors import MAX_MESSAGE
 from agent.core.cel.values import _type_name
 from benchmarks.cel_conformance.cases import Case, same, show
 
@@ -110,6 +111,13 @@ def _same_value(ours: Any, theirs: Any) -> bool:
     return same(ours, theirs)
 
 
+def _same_message(ours: str, theirs: str) -> bool:
+    """Equal texts; ours may be cut at MAX_MESSAGE (ending ``...``) where cel-go's is longer."""
+    return ours == theirs or (
+        ours.endswith("...") and len(ours) == MAX_MESSAGE and theirs.startswith(ours[:-3])
+    )
+
+
 def crosscheck(cases: list[Case], referee: str) -> list[Verdict]:
     sendable: list[tuple[Case, str]] = []
     for case in cases:
@@ -123,7 +131,11 @@ def crosscheck(cases: list[Case], referee: str) -> list[Verdict]:
             continue
         sendable.append((case, json.dumps(request)))
     done = subprocess.run(
-        [referee], input="\n".join(line for _, line in sendable) + "\n", capture_output=True, text=True, check=True
+        [referee],
+        input="\n".join(line for _, line in sendable) + "\n",
+        capture_output=True,
+        text=True,
+        check=True,
     )
     answers = [json.loads(line) for line in done.stdout.splitlines()]
     verdicts = []
@@ -133,16 +145,26 @@ def crosscheck(cases: list[Case], referee: str) -> list[Verdict]:
         theirs_value = decode(answer["value"]) if theirs_kind == "value" else None
         ours_text = f"{kind}: {f'{show(value)} (cost {cost})' if kind == 'value' else message}"
         theirs_cost, theirs_error = answer["cost"], answer.get("error", "")
-        theirs_shown = f"{show(theirs_value)} (cost {theirs_cost})" if theirs_kind == "value" else theirs_error
+        theirs_shown = (
+            f"{show(theirs_value)} (cost {theirs_cost})" if theirs_kind == "value" else theirs_error
+        )
         theirs_text = f"{theirs_kind}: {theirs_shown}"
         if kind != theirs_kind:
             verdicts.append(Verdict(case, ours_text, theirs_text, False))
         elif kind == "value":
             verdicts.append(
-                Verdict(case, ours_text, theirs_text, _same_value(value, theirs_value), cost=cost == answer["cost"])
+                Verdict(
+                    case,
+                    ours_text,
+                    theirs_text,
+                    _same_value(value, theirs_value),
+                    cost=cost == answer["cost"],
+                )
             )
         else:
-            verdicts.append(Verdict(case, ours_text, theirs_text, True, message=message == answer.get("error", "")))
+            verdicts.append(
+                Verdict(case, ours_text, theirs_text, True, message=_same_message(message, theirs_error))
+            )
     return verdicts
 
 
@@ -166,7 +188,8 @@ def report(verdicts: list[Verdict], failures: bool) -> None:
         for v in verdicts:
             if not v.agrees or v.message is False or v.cost is False:
                 what = "outcome" if not v.agrees else "message" if v.message is False else "cost"
-                print(f"- [{what}] {v.case.name}: {v.case.expr!r}\n    ours:    {_clip(v.ours)}\n    referee: {_clip(v.theirs)}")
+                print(f"- [{what}] {v.case.name}: {v.case.expr!r}")
+                print(f"    ours:    {_clip(v.ours)}\n    referee: {_clip(v.theirs)}")
 
 
 def _clip(text: str) -> str:

@@ -103,6 +103,12 @@ class _Checker:
         actual = [target, *args] if member else args
         if any(t == "error" for t in actual):
             return "error"
+        if name in ("_&&_", "_||_"):
+            # cel-go checks logical operands one by one (checker.go checkCall for logical ops).
+            for arg_node, t in zip(node.args, args, strict=True):
+                if t != "bool" and not _is_dyn(t):
+                    self.errors.append((arg_node.pos, f"expected type 'bool' but found '{_fmt(t)}'"))
+            return "bool"
         results = []
         for overload in overloads:
             if overload.member != member or len(overload.params) != len(actual):
@@ -131,7 +137,11 @@ class _Checker:
             key, value = rng[1], rng[2]
         else:
             self.errors.append(
-                (node.pos, f"expression of type '{_fmt(rng)}' cannot be range of a comprehension")
+                (
+                    node.range.pos,
+                    f"expression of type '{_fmt(rng)}' cannot be range of a comprehension"
+                    " (must be list, map, or dynamic)",
+                )
             )
             return "error"
         if node.var2 is None:

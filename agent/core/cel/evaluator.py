@@ -20,7 +20,7 @@ from agent.core.cel.errors import COST_LIMIT, _no_overload, _RuntimeError
 from agent.core.cel.library import _FUNCTIONS
 from agent.core.cel.library.listsext import _sort_by_keys
 from agent.core.cel.validators import _CONVERSIONS
-from agent.core.cel.values import _DomainMap, _type_name, _TypeValue
+from agent.core.cel.values import _DomainMap, _go_type, _type_name, _TypeValue
 
 # Per element: (before the body, after a true/kept body, after a false/dropped body).
 _FOLD_STEP = {
@@ -200,7 +200,7 @@ class _Interpreter:
         elif isinstance(rng, dict):
             pairs = [(k, k if node.var2 is None else v) for k, v in rng.items()]
         else:
-            raise _no_overload()
+            raise _RuntimeError(f"got '{_go_type(rng)}', expected iterable type")
         if not self.optimize:  # the accumulator's empty literal is built, not folded
             self.cost.charge(_ACCUMULATOR_INIT.get(node.kind, 0))
         fold = _Fold(self, node, inner)

@@ -59,7 +59,7 @@ def _homogeneous(node: _Node, types: Mapping[int, _T], *, exempt: bool) -> list[
     if not exempt and isinstance(node, _ListLit):
         errors.extend(_mismatch(list(node.items), types))
     if not exempt and isinstance(node, _MapLit):
-        errors.extend(_mismatch([k for k, _ in node.entries], types))
+        errors.extend(_mismatch([k for k, _ in node.entries], types, every=True))
         errors.extend(_mismatch([v for _, v in node.entries], types, every=True))
     exempt = exempt or (isinstance(node, _Call) and node.function == "format")
     for child in _children(node):
@@ -139,7 +139,7 @@ def _bad_argument(arg: _Node, verb: str, types: Mapping[int, _T]) -> tuple[_Node
     t = types.get(id(arg), "dyn")
     if verb == "s":
         if not (_is_dyn(t) or t in _STRING_TYPES or (isinstance(t, tuple) and t[0] in ("list", "map"))):
-            return arg, _clause_error("s", _fmt(t))
+            return arg, _clause_error("s", str(t))  # the runtime type name: `null_type`
         children: list[_Node] = []
         if isinstance(arg, _ListLit):
             children = list(arg.items)
@@ -152,7 +152,7 @@ def _bad_argument(arg: _Node, verb: str, types: Mapping[int, _T]) -> tuple[_Node
         return None
     if _is_dyn(t) or t in _VERB_TYPES[verb]:
         return None
-    return arg, _clause_error(verb, _fmt(t) if not isinstance(t, tuple) else t[0])
+    return arg, _clause_error(verb, str(t) if not isinstance(t, tuple) else t[0])
 
 
 def _plan_errors(ast: _Node) -> str | None:

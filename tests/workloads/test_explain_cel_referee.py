@@ -1,0 +1,125 @@
+"""What the cel-go referee (benchmarks/cel_conformance/referee: cel-go v0.26.0 in the Kubernetes
+1.36 selector environment, k8s.io/apiserver v0.36.3) answered where explain answered otherwise.
+
+Upstream sources: cel-go v0.26.0 checker/checker.go (logical operands, comprehension ranges),
+common/types/types.go (the null type prints as ``null``), common/errors.go (tabs in snippets),
+parser/parser.go (backquoted fields unsupported), interpreter/interpretable.go and planner.go
+(runtime overload errors), ext/lists.go (flatten), ext/formatting.go with golang.org/x/text
+v0.33.0 (``%e``), cel/validator.go (homogeneous literals).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.core.cel import CelCompileError, CelError, evaluate
+
+
+def compile_error(expression: str) -> str:
+    with pytest.raises(CelCompileError) as caught:
+        evaluate(expression)
+    return str(caught.value)
+
+
+def runtime_error(expression: str) -> str:
+    with pytest.raises(CelError) as caught:
+        evaluate(expression)
+    assert not isinstance(caught.value, CelCompileError)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("expression", "text"),
+    [
+        ("'%e'.format([1052.0])", "1.052000\u00d710⁰³"),
+        ("'%.2e'.format([-1234.5])", "-1.234500\u00d710⁰³"),  # the precision is not applied
+        ("'%e'.format([0.05])", "5.000000\u00d710⁻⁰²"),
+        ("'%e'.format([double('-Infinity')])", "    -∞"),
+        ("'%e'.format([double('NaN')])", "   NaN"),
+        ("'%f'.format([double('Infinity')])", "∞"),
+    ],
+)
+def test_scientific_format_is_the_scheduler_s(expression: str, text: str) -> None:
+    assert evaluate(expression).value == text
+
+
+@pytest.mark.parametrize(
+    ("expression", "applied"),
+    [
+        ("1 == 1.0", "'_==_' applied to '(int, double)'"),
+        ("2u != 2", "'_!=_' applied to '(uint, int)'"),
+        ("1 == null", "'_==_' applied to '(int, null)'"),
+        ("1 in [1.0]", "'@in' applied to '(int, list(double))'"),
+        ("{1: 2}[1u]", "'_[_]' applied to '(map(int, int), uint)'"),
+    ],
+)
+def test_mixed_literal_types_do_not_compile(expression: str, applied: str) -> None:
+    assert f"found no matching overload for {applied}" in compile_error(expression)
+
+
+def test_mixed_types_through_dyn_compare_at_runtime() -> None:
+    """The other side of the rule above (passes before and after: the fix must not reach dyn)."""
+    assert evaluate("dyn(1) == 1.0 && 1 == dyn(1u) && dyn(1) != null").value is True
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("null < null", "no such overload: _<_"),  # null stands for a timestamp or duration
+        ("dyn([1]) >= dyn([2])", "no such overload: _>=_"),
+        ("dyn(1) < dyn('a')", "no such overload"),
+        ("dyn(1).all(x, true)", "got 'types.Int', expected iterable type"),
+        ("dyn('a').map(x, x)", "got 'types.String', expected iterable type"),
+        ("dyn({}).flatten()", "no such overload: map(dyn, dyn).flatten()"),
+        ("dyn(1).flatten(0)", "no such overload: int.flatten(int)"),
+        (
+            "[].flatten(dyn('1'))",
+            "internal error: interface conversion: ref.Val is types.String, not types.Int",
+        ),
+    ],
+)
+def test_runtime_errors_are_the_scheduler_s(expression: str, message: str) -> None:
+    assert runtime_error(expression) == message
+
+
+def test_backquoted_fields_are_unsupported_syntax() -> None:
+    assert compile_error("{'a': 1}.`a` == 1") == (
+        "compilation failed: ERROR: <input>:1:10: unsupported syntax: '`'\n"
+        " | {'a': 1}.`a` == 1\n | .........^"
+    )
+    assert "unsupported syntax: '`'" in compile_error("has({'a': 1}.`a`)")
+
+
+def test_logical_operands_are_checked_one_by_one() -> None:
+    assert compile_error("false && 32") == (
+        "compilation failed: ERROR: <input>:1:10: expected type 'bool' but found 'int'\n"
+        " | false && 32\n | .........^"
+    )
+    errors = compile_error("'a' || true || 1")
+    assert "1:1: expected type 'bool' but found 'string'" in errors
+    assert "1:16: expected type 'bool' but found 'int'" in errors
+
+
+def test_comprehension_range_error_points_at_the_range() -> None:
+    assert compile_error("'abc'.exists(x, true)").startswith(
+        "compilation failed: ERROR: <input>:1:1: expression of type 'string' cannot be range of a"
+        " comprehension (must be list, map, or dynamic)"
+    )
+
+
+def test_null_type_names() -> None:
+    assert "1:5: expected type 'int' but found 'null'" in compile_error("[1, null]")
+    # The format clauses name the runtime type.
+    assert "decimal clause can only be used on integers, was given null_type" in compile_error(
+        "'%d'.format([null])"
+    )
+
+
+def test_every_mismatched_map_key_is_reported() -> None:
+    errors = compile_error("{1: 1, 'b': 2, true: 3}")
+    assert "1:8: expected type 'int' but found 'string'" in errors
+    assert "1:16: expected type 'int' but found 'bool'" in errors
+
+
+def test_a_tab_in_the_snippet_shows_as_a_space() -> None:
+    assert compile_error("\n\t1 + 'a'").endswith("\n |  1 + 'a'\n | ...^")
