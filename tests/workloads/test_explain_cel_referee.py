@@ -123,3 +123,33 @@ def test_every_mismatched_map_key_is_reported() -> None:
 
 def test_a_tab_in_the_snippet_shows_as_a_space() -> None:
     assert compile_error("\n\t1 + 'a'").endswith("\n |  1 + 'a'\n | ...^")
+
+
+_VARS = {"l": [1, 2, 3], "d": 5}
+_DECLS = {"l": ("list", "int"), "d": "dyn"}
+
+
+@pytest.mark.parametrize(
+    ("expression", "cost"),
+    [
+        # A selection or index of anything but a variable is a relative attribute: one more.
+        ("[7, 8, 9][0]", 2),
+        ("{'a': 1}.a", 2),
+        ("has({'a': 1}.a)", 1),
+        ("[[1]][0][0]", 3),
+        # Conversions of constants and type names are folded when planning (OptOptimize).
+        ("int(uint(int(7)))", 0),
+        ("'%d'.format([uint(64)])", 1),
+        ("type(int)", 0),
+        # An index that is itself an attribute is a qualifier without a cost of its own.
+        ("l[l[0]]", 3),
+        ("l[d - 5]", 4),
+        # An error passed on is still charged where `||`/`&&` absorbs it.
+        ("dyn([1, 2, 3][3]) || true", 3),
+        ("(2 / 0 > 3 ? false : true) && false", 2),
+        # The Kubernetes traversal cost counts a string's UTF-8 bytes.
+        ("'ta©o©αT'.indexOf('©')", 1),  # noqa: RUF001 - the non-ASCII characters are the point
+    ],
+)
+def test_runtime_cost_is_the_scheduler_s(expression: str, cost: int) -> None:
+    assert evaluate(expression, _VARS, _DECLS).cost == cost
