@@ -153,3 +153,54 @@ _DECLS = {"l": ("list", "int"), "d": "dyn"}
 )
 def test_runtime_cost_is_the_scheduler_s(expression: str, cost: int) -> None:
     assert evaluate(expression, _VARS, _DECLS).cost == cost
+
+
+@pytest.mark.parametrize(
+    ("expression", "bad"),
+    [
+        ("{1: 2}[dyn(b'')]", "types.Bytes"),
+        ("dyn([1])[dyn(null)] || true", "types.Null"),  # a plan error: nothing absorbs it
+        ("{1: 2}[dyn([1])]", "*types.baseList"),
+        ("{1: 2}[dyn({})]", "*types.baseMap"),
+    ],
+)
+def test_a_constant_index_of_no_key_type_fails_when_planned(expression: str, bad: str) -> None:
+    """cel-go interpreter/attributes.go newQualifier, while the program is built."""
+    assert compile_error(expression) == f"program instantiation failed: invalid qualifier type: {bad}"
+
+
+def test_qualified_variable_names_resolve_to_the_longest_declared_prefix() -> None:
+    """cel-go checker/checker.go checkSelect: ``a.b.c`` reads ``a.b.c``, or field c of ``a.b``, even
+    where a comprehension variable is named ``a``."""
+    assert evaluate("a.b.c", {"a.b.c": "yeah"}, {"a.b.c": "string"}).value == "yeah"
+    assert evaluate("a.b.c", {"a.b": {"c": "yeah"}}, {"a.b": ("map", "string", "string")}).value == "yeah"
+    assert evaluate("[1].exists(a, a.b == 1)", {"a.b": 1}, {"a.b": "int"}).value is True
+    with pytest.raises(
+        CelCompileError, match="1:4: type 'list\\(string\\)' does not support field selection"
+    ):
+        evaluate("a.b.pancakes", {"a.b": ["x"]}, {"a.b": ("list", "string")})
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("[1].all(x, 1)", "1:12: expected type 'bool' but found 'int'"),
+        ("[1].exists_one(x, 1)", "1:15: found no matching overload for '_?_:_' applied to '(int, int, int)'"),
+        (
+            "[1].filter(x, 1)",
+            "1:11: found no matching overload for '_?_:_' applied to '(int, list(int), list(int))'",
+        ),
+        (
+            "[1].map(x, 'a', x)",
+            "1:8: found no matching overload for '_?_:_' applied to '(string, list(int), list(int))'",
+        ),
+        (
+            "{'a': 1}.transformMap(k, v, 1, v)",
+            "1:22: found no matching overload for '_?_:_' applied to"
+            " '(int, map(string, int), map(string, int))'",
+        ),
+    ],
+)
+def test_macro_conditions_are_checked_as_their_expansion(expression: str, message: str) -> None:
+    """cel-go parser/macro.go: the quantifiers' `accu && body`, the others' `test ? step : accu`."""
+    assert message in compile_error(expression)

@@ -148,11 +148,18 @@ class _Checker:
             inner[node.var] = key if isinstance(rng, tuple) and rng[0] == "map" else value
         else:
             inner[node.var], inner[node.var2] = key, value
-        if node.filter is not None:
-            self.expect_bool(node.filter, self.check(node.filter, inner))
+        condition = self.check(node.filter, inner) if node.filter is not None else "bool"
         body = self.check(node.body, inner)
-        if node.kind in ("all", "exists", "exists_one") or (node.kind == "filter"):
-            self.expect_bool(node.body, body)
+        if node.kind in ("all", "exists") and not (_is_dyn(body) or body == "bool"):
+            # The expansion's `accu && body` / `accu || body` (cel-go parser/macro.go).
+            self.errors.append((node.body.pos, f"expected type 'bool' but found '{_fmt(body)}'"))
+        # The expansion's conditional `test ? step : accu`, reported at the macro's call.
+        test, accu = condition, _accumulator(node.kind, key, inner.get(node.var), body)
+        if node.kind in ("exists_one", "filter"):
+            test = body
+        if not (_is_dyn(test) or test == "bool") and accu is not None:
+            shown = f"{_fmt(test)}, {_fmt(accu)}, {_fmt(accu)}"
+            self.errors.append((node.pos, f"found no matching overload for '_?_:_' applied to '({shown})'"))
         if node.kind in ("all", "exists", "exists_one"):
             return "bool"
         if node.kind == "filter":
@@ -177,6 +184,17 @@ class _Checker:
             return body if not _is_dyn(body) else ("map", "dyn", "dyn")
         return ("map", key, body)  # transformMap
 
-    def expect_bool(self, node: _Node, t: _T) -> None:
-        if not (_is_dyn(t) or t == "bool"):
-            self.errors.append((node.pos, f"found no matching overload for '_?_:_' applied to '({_fmt(t)})'"))
+
+def _accumulator(kind: str, key: _T, element: _T | None, body: _T) -> _T | None:
+    """The type of a macro's accumulator, where its expansion tests a condition (else None)."""
+    if kind == "exists_one":
+        return "int"
+    if kind == "filter":
+        return ("list", element)
+    if kind in ("map", "transformList"):
+        return ("list", body)
+    if kind == "transformMap":
+        return ("map", key, body)
+    if kind == "transformMapEntry":
+        return body if isinstance(body, tuple) and body[0] == "map" else ("map", "dyn", "dyn")
+    return None

@@ -20,7 +20,7 @@ from agent.core.cel.errors import COST_LIMIT, _no_overload, _RuntimeError
 from agent.core.cel.library import _FUNCTIONS
 from agent.core.cel.library.listsext import _sort_by_keys
 from agent.core.cel.types import _TYPE_IDENTS
-from agent.core.cel.validators import _CONVERSIONS
+from agent.core.cel.validators import _constant
 from agent.core.cel.values import _DomainMap, _go_type, _type_name, _TypeValue
 
 # Per element: (before the body, after a true/kept body, after a false/dropped body).
@@ -48,23 +48,6 @@ class _Cost:
         self.spent += amount
         if self.spent > self.limit:
             raise _RuntimeError("operation cancelled: actual cost limit exceeded")
-
-
-def _constant(node: _Node) -> bool:
-    """Whether cel-go folds `node` into a constant when it plans the program (interpreter/
-    decorators.go decOptimize: literals of constants and conversions of a constant, bottom up)."""
-    if isinstance(node, _Lit):
-        return True
-    if isinstance(node, _Ident):
-        return node.name in _TYPE_IDENTS  # a type name is planned as a constant
-    if isinstance(node, _ListLit):
-        return all(_constant(i) for i in node.items)
-    if isinstance(node, _MapLit):
-        return all(_constant(k) and _constant(v) for k, v in node.entries)
-    if isinstance(node, _Call):
-        conversion = node.function in _CONVERSIONS and node.target is None and len(node.args) == 1
-        return conversion and _constant(node.args[0])
-    return False
 
 
 def _attribute(node: _Node) -> bool:
