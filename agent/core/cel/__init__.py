@@ -47,7 +47,7 @@ golang.org/x/text v0.33.0, in the selector environment of
 k8s.io/dynamic-resource-allocation/cel/compile.go (base environment at
 ``DefaultCompatibilityVersion()``, 1.35 for a 1.36 binary; benchmarks/cel_conformance/referee).
 Outcome and value agree on 1,708 of 1,709; error texts on 368 of the 369 errors both report;
-runtime costs on all 1,340 values both compute (two of them vary from run to run in cel-go: Go
+runtime costs on the 1,340 values both compute (two vary from run to run in cel-go, which
 iterates maps in random order). The one outcome and one text that differ are gaps below. Of the
 291 left out, run anyway, 232 agree.
 
