@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.core.cel import CelCompileError, CelError, evaluate
+from agent.core.cel import CelCompileError, CelError, compile_check, evaluate, matches
 
 
 def compile_error(expression: str) -> str:
@@ -204,3 +204,24 @@ def test_qualified_variable_names_resolve_to_the_longest_declared_prefix() -> No
 def test_macro_conditions_are_checked_as_their_expansion(expression: str, message: str) -> None:
     """cel-go parser/macro.go: the quantifiers' `accu && body`, the others' `test ? step : accu`."""
     assert message in compile_error(expression)
+
+
+def test_selectors_see_the_device_as_the_1_36_scheduler_declares_it() -> None:
+    """k8s.io/dynamic-resource-allocation/cel/compile.go (v0.36): attributes are AnyType, which no
+    format clause takes and no macro ranges over; DRAConsumableCapacity (beta, on by default in
+    1.36, pkg/features/kube_features.go) declares ``allowMultipleAllocations``."""
+    attribute = "device.attributes['gpu.example.com'].index"
+    with pytest.raises(
+        CelCompileError, match=r"decimal clause can only be used on integers, was given google\.protobuf\.Any"
+    ):
+        compile_check(f"'%d'.format([{attribute}]) == '3'")
+    compile_check(f"'%d'.format([dyn({attribute})]) == '3'")
+    with pytest.raises(CelCompileError, match="expression of type 'any' cannot be range of a comprehension"):
+        compile_check(f"{attribute}.all(x, true)")
+    device = {"name": "gpu-0", "allowMultipleAllocations": True, "attributes": {"index": {"int": 3}}}
+    assert matches(
+        "device.allowMultipleAllocations && device.attributes['gpu.example.com'].index == 3",
+        device,
+        "gpu.example.com",
+    )
+    assert not matches("device.allowMultipleAllocations", {"name": "gpu-1"}, "gpu.example.com")

@@ -56,9 +56,8 @@ Gaps (complete; each named where it applies):
 - Not evaluated, though the scheduler's environment has them: the URL, IP/CIDR, ``format.*`` and
   authz selector libraries, durations and timestamps (they compile; evaluation says explain does
   not evaluate them); optional types (``.?field``, ``[?key]``, ``{?key: v}``,
-  ``optional.*``: a compile error here); the 1.36 ``includes`` function and the
-  ``device.allowMultipleAllocations`` field (feature-gated in the scheduler: ``undeclared
-  reference`` and ``undefined field`` here).
+  ``optional.*``: a compile error here); the 1.36 ``includes`` function (behind the alpha
+  DRAListTypeAttributes gate in the scheduler: ``undeclared reference`` here).
 - Syntax errors name the offending token and its position as ANTLR does, without ANTLR's
   ``expecting {...}`` list, and only the first syntax error is reported.
 - Expressions nesting deeper than about 100 levels report ``expression nests too deeply``;

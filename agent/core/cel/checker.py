@@ -82,6 +82,7 @@ class _Checker:
             return "dyn"
         if operand == _DEVICE:
             fields = {"driver": "string", "attributes": _ATTRIBUTES, "capacity": _CAPACITY}
+            fields["allowMultipleAllocations"] = "bool"  # DRAConsumableCapacity: on by default in 1.36
             if node.field in fields:
                 return fields[node.field]
             self.errors.append((node.pos, f"undefined field '{node.field}'"))
@@ -129,7 +130,7 @@ class _Checker:
         if node.kind == "bind":
             inner[node.var] = rng
             return self.check(node.body, inner)
-        if _is_dyn(rng):
+        if _is_dyn(rng) and rng != "any":  # a device attribute (AnyType) is not iterable
             key, value = "dyn", "dyn"
         elif isinstance(rng, tuple) and rng[0] == "list":
             key, value = "int", rng[1]

@@ -137,6 +137,8 @@ _STRING_TYPES = ("int", "uint", "double", "bool", "string", "bytes", "type", "nu
 
 def _bad_argument(arg: _Node, verb: str, types: Mapping[int, _T]) -> tuple[_Node, str] | None:
     t = types.get(id(arg), "dyn")
+    if t == "any":  # a device attribute (AnyType): no clause takes it (the referee says so)
+        return arg, _clause_error(verb, "google.protobuf.Any")
     if verb == "s":
         if not (_is_dyn(t) or t in _STRING_TYPES or (isinstance(t, tuple) and t[0] in ("list", "map"))):
             return arg, _clause_error("s", str(t))  # the runtime type name: `null_type`
