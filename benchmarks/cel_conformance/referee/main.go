@@ -41,12 +41,12 @@ import (
 
 // Limits from k8s.io/api/resource/v1 (types.go), as the DRA compiler declares them.
 const (
-	deviceMaxDomainLength        = 63
-	deviceMaxIDLength            = 32
-	driverNameMaxLength          = 63
+	deviceMaxDomainLength         = 63
+	deviceMaxIDLength             = 32
+	driverNameMaxLength           = 63
 	deviceAttributeMaxValueLength = 64
-	maxAttributesAndCapacities   = 32
-	selectorMaxCost              = 1000000
+	maxAttributesAndCapacities    = 32
+	selectorMaxCost               = 1000000
 )
 
 type request struct {
