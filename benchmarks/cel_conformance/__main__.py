@@ -1,11 +1,14 @@
 """Run the published CEL test cases through agent.core.cel and print the agreement per suite.
 
     python -m benchmarks.cel_conformance [--cel-spec GITDIR@REF] [--cel-go GITDIR@REF]
-        [--kubernetes GITDIR@REF] [--failures] [--suite NAME]
+        [--kubernetes GITDIR@REF] [--failures] [--suite NAME] [--referee PATH [--left-out]]
 
 Each source is a bare git directory with a ref (as the search tool's ``fetch`` leaves them under
 /work/.mirror) or a checkout directory. Defaults: cel-spec at HEAD, cel-go at v0.26.0 (the
 version Kubernetes 1.36 vendors) and k8s.io/apiserver at v0.36.3 (Kubernetes 1.36).
+
+``--referee PATH``: instead of the suites' own answers, compare with the cel-go referee built
+from ``referee/`` (the scheduler's engine): outcome, value, error text and runtime cost per case.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from benchmarks.cel_conformance import gosuite, specsuite
+from benchmarks.cel_conformance import crosscheck, gosuite, specsuite
 from benchmarks.cel_conformance.cases import Case, Outcome, run
 
 _MIRROR = Path("/work/.mirror")
@@ -115,8 +118,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubernetes", default=f"{_MIRROR}/kubernetes+apiserver/repo@v0.36.3")
     parser.add_argument("--failures", action="store_true", help="list each disagreement")
     parser.add_argument("--suite", default="", help="only suites whose name contains this")
+    parser.add_argument("--referee", default="", help="the cel-go referee binary (see referee/README.md)")
+    parser.add_argument("--left-out", action="store_true", help="with --referee: run the left-out cases too")
     args = parser.parse_args(argv)
     cases = [c for c in collect(args) if args.suite in c.suite]
+    if args.referee:
+        crosscheck.report(
+            crosscheck.crosscheck([c for c in cases if not c.left_out], args.referee), args.failures
+        )
+        if args.left_out:
+            print("\nLeft out above, run anyway (features explain does not evaluate, Go-valued variables):")
+            crosscheck.report(
+                crosscheck.crosscheck([c for c in cases if c.left_out], args.referee), args.failures
+            )
+        return 0
     left_out = [c for c in cases if c.left_out]
     outcomes = [run(c) for c in cases if not c.left_out]
     report(outcomes, left_out)

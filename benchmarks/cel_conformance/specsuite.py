@@ -32,6 +32,22 @@ _SCHEDULER = {
     "fields/qualified_identifier_resolution/map_value_repeat_key": (
         "cel-go v0.26 interpreter/interpretable.go evalMap: the last value of a repeated key"
     ),
+    # Answered by the referee (benchmarks/cel_conformance/referee), cel-go v0.26.0 itself:
+    **{
+        f"fields/quoted_map_fields/{name}": "referee: cel-go v0.26's parser rejects backquoted fields"
+        for name in (
+            "field_access_slash",
+            "field_access_dot",
+            "field_access_dash",
+            "has_field_slash",
+            "has_field_dot",
+            "has_field_dash",
+        )
+    },
+    **{
+        f"fields/map_fields/map_bad_key_type_{name}": "referee: a bytes key fails when the program is built"
+        for name in ("or_true", "and_false")
+    },
 }
 
 

@@ -84,7 +84,7 @@ TRUE_CASES = [
     ("[1, 2].map(x, x * 2) == [2, 4] && [1, 2, 3].filter(x, x > 1) == [2, 3]", "cel-go"),
     ("{'a': 1}.all(k, v, v == 1) && [5].exists(i, v, i == 0 && v == 5)", "cel-go ext/comprehensions.go"),
     ("[1, 2].transformList(i, v, v * 10) == [10, 20]", "cel-go ext/comprehensions.go"),
-    ("1 == 1.0 && 1 < 1.5 && 2u > 1", "environment/base.go CrossTypeNumericComparisons"),
+    ("dyn(1) == 1.0 && 1 < 1.5 && 2u > 1", "environment/base.go CrossTypeNumericComparisons"),
     (f"has({A}.index) && !has({A}.nosuch) && !has(device.attributes['x.example.com'].y)", "compile.go"),
     ("device.attributes['resource.kubernetes.io'].pcieRoot == 'pci0000:00'", "compile.go"),
 ]

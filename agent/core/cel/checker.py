@@ -82,6 +82,7 @@ class _Checker:
             return "dyn"
         if operand == _DEVICE:
             fields = {"driver": "string", "attributes": _ATTRIBUTES, "capacity": _CAPACITY}
+            fields["allowMultipleAllocations"] = "bool"  # DRAConsumableCapacity: on by default in 1.36
             if node.field in fields:
                 return fields[node.field]
             self.errors.append((node.pos, f"undefined field '{node.field}'"))
@@ -103,6 +104,12 @@ class _Checker:
         actual = [target, *args] if member else args
         if any(t == "error" for t in actual):
             return "error"
+        if name in ("_&&_", "_||_"):
+            # cel-go checks logical operands one by one (checker.go checkCall for logical ops).
+            for arg_node, t in zip(node.args, args, strict=True):
+                if t != "bool" and not _is_dyn(t):
+                    self.errors.append((arg_node.pos, f"expected type 'bool' but found '{_fmt(t)}'"))
+            return "bool"
         results = []
         for overload in overloads:
             if overload.member != member or len(overload.params) != len(actual):
@@ -123,7 +130,7 @@ class _Checker:
         if node.kind == "bind":
             inner[node.var] = rng
             return self.check(node.body, inner)
-        if _is_dyn(rng):
+        if _is_dyn(rng) and rng != "any":  # a device attribute (AnyType) is not iterable
             key, value = "dyn", "dyn"
         elif isinstance(rng, tuple) and rng[0] == "list":
             key, value = "int", rng[1]
@@ -131,18 +138,29 @@ class _Checker:
             key, value = rng[1], rng[2]
         else:
             self.errors.append(
-                (node.pos, f"expression of type '{_fmt(rng)}' cannot be range of a comprehension")
+                (
+                    node.range.pos,
+                    f"expression of type '{_fmt(rng)}' cannot be range of a comprehension"
+                    " (must be list, map, or dynamic)",
+                )
             )
             return "error"
         if node.var2 is None:
             inner[node.var] = key if isinstance(rng, tuple) and rng[0] == "map" else value
         else:
             inner[node.var], inner[node.var2] = key, value
-        if node.filter is not None:
-            self.expect_bool(node.filter, self.check(node.filter, inner))
+        condition = self.check(node.filter, inner) if node.filter is not None else "bool"
         body = self.check(node.body, inner)
-        if node.kind in ("all", "exists", "exists_one") or (node.kind == "filter"):
-            self.expect_bool(node.body, body)
+        if node.kind in ("all", "exists") and not (_is_dyn(body) or body == "bool"):
+            # The expansion's `accu && body` / `accu || body` (cel-go parser/macro.go).
+            self.errors.append((node.body.pos, f"expected type 'bool' but found '{_fmt(body)}'"))
+        # The expansion's conditional `test ? step : accu`, reported at the macro's call.
+        test, accu = condition, _accumulator(node.kind, key, inner.get(node.var), body)
+        if node.kind in ("exists_one", "filter"):
+            test = body
+        if not (_is_dyn(test) or test == "bool") and accu is not None:
+            shown = f"{_fmt(test)}, {_fmt(accu)}, {_fmt(accu)}"
+            self.errors.append((node.pos, f"found no matching overload for '_?_:_' applied to '({shown})'"))
         if node.kind in ("all", "exists", "exists_one"):
             return "bool"
         if node.kind == "filter":
@@ -167,6 +185,17 @@ class _Checker:
             return body if not _is_dyn(body) else ("map", "dyn", "dyn")
         return ("map", key, body)  # transformMap
 
-    def expect_bool(self, node: _Node, t: _T) -> None:
-        if not (_is_dyn(t) or t == "bool"):
-            self.errors.append((node.pos, f"found no matching overload for '_?_:_' applied to '({_fmt(t)})'"))
+
+def _accumulator(kind: str, key: _T, element: _T | None, body: _T) -> _T | None:
+    """The type of a macro's accumulator, where its expansion tests a condition (else None)."""
+    if kind == "exists_one":
+        return "int"
+    if kind == "filter":
+        return ("list", element)
+    if kind in ("map", "transformList"):
+        return ("list", body)
+    if kind == "transformMap":
+        return ("map", key, body)
+    if kind == "transformMapEntry":
+        return body if isinstance(body, tuple) and body[0] == "map" else ("map", "dyn", "dyn")
+    return None

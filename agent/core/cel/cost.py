@@ -41,8 +41,11 @@ def _strcost(size: int | float) -> int:
 
 
 def _traversal(value: Any) -> int:
-    """The Kubernetes estimator's traversalCost (truncated, not rounded up)."""
-    if isinstance(value, str | bytes):
+    """The Kubernetes estimator's traversalCost (truncated, not rounded up; a string by its UTF-8
+    length, as Go's len)."""
+    if isinstance(value, str):
+        return int(len(value.encode()) * _STRING_FACTOR)
+    if isinstance(value, bytes):
         return int(len(value) * _STRING_FACTOR)
     if isinstance(value, list):
         return sum(_traversal(v) for v in value)

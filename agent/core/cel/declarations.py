@@ -52,6 +52,8 @@ def _declarations() -> dict[str, list[_Overload]]:
     for op in ("_<_", "_<=_", "_>_", "_>=_"):
         add(op, *(_o(False, "bool", a, b) for a in _NUMERIC for b in _NUMERIC))
         add(op, *(_o(False, "bool", t, t) for t in ("string", "bytes", "bool")))
+        # cel-go lets null stand for a timestamp or duration operand: `null < null` compiles.
+        add(op, _o(False, "bool", "null_type", "null_type"))
     add("@in", _o(False, "bool", _A, _LIST_A), _o(False, "bool", _A, _MAP_AB))
     add("_[_]", _o(False, _A, _LIST_A, "int"), _o(False, "B", _MAP_AB, _A))
     for op in ("_&&_", "_||_"):

@@ -59,6 +59,13 @@ def _device_fields(
     return driver, body.get("attributes") or {}, body.get("capacity") or {}
 
 
+def _multiple(device: Device | Mapping[str, Any]) -> bool:
+    """``device.allowMultipleAllocations`` (DRAConsumableCapacity, beta and on by default in 1.36)."""
+    if isinstance(device, Device):
+        return device.allow_multiple_allocations
+    return bool(device.get("basic", device).get("allowMultipleAllocations", False))
+
+
 def _activation(device: Device | Mapping[str, Any], driver: str | None) -> dict[str, Any]:
     drv, attributes, capacity = _device_fields(device, driver)
     try:
@@ -66,4 +73,10 @@ def _activation(device: Device | Mapping[str, Any], driver: str | None) -> dict[
         caps = _grouped(capacity, drv, _cel_capacity)
     except (ValueError, QuantityError, TypeError, KeyError) as error:
         raise CelError(f"device {drv}: an attribute or capacity is not valid: {error}") from None
-    return {"device": {"driver": drv, "attributes": attrs, "capacity": caps}}
+    fields = {
+        "driver": drv,
+        "allowMultipleAllocations": _multiple(device),
+        "attributes": attrs,
+        "capacity": caps,
+    }
+    return {"device": fields}

@@ -49,7 +49,8 @@ def _located(source: str, pos: int, message: str) -> str:
     line_start = source.rfind("\n", 0, pos) + 1
     column = pos - line_start + 1
     line_end = source.find("\n", pos)
-    line = source[line_start : line_end if line_end >= 0 else len(source)]
+    # cel-go's ToDisplayString shows a tab in the snippet as a space.
+    line = source[line_start : line_end if line_end >= 0 else len(source)].replace("\t", " ")
     return f"ERROR: <input>:{line_no}:{column}: {message}\n | {line}\n | {'.' * (column - 1)}^"
 
 

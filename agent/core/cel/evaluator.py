@@ -19,8 +19,9 @@ from agent.core.cel.declarations import _UNSUPPORTED
 from agent.core.cel.errors import COST_LIMIT, _no_overload, _RuntimeError
 from agent.core.cel.library import _FUNCTIONS
 from agent.core.cel.library.listsext import _sort_by_keys
-from agent.core.cel.validators import _CONVERSIONS
-from agent.core.cel.values import _DomainMap, _type_name, _TypeValue
+from agent.core.cel.types import _TYPE_IDENTS
+from agent.core.cel.validators import _constant
+from agent.core.cel.values import _DomainMap, _go_type, _type_name, _TypeValue
 
 # Per element: (before the body, after a true/kept body, after a false/dropped body).
 _FOLD_STEP = {
@@ -49,15 +50,24 @@ class _Cost:
             raise _RuntimeError("operation cancelled: actual cost limit exceeded")
 
 
-def _constant(node: _Node) -> bool:
-    """Whether cel-go folds `node` into a constant when it plans the program."""
-    if isinstance(node, _Lit):
-        return True
-    if isinstance(node, _ListLit):
-        return all(_constant(i) for i in node.items)
-    if isinstance(node, _MapLit):
-        return all(_constant(k) and _constant(v) for k, v in node.entries)
-    return False
+def _attribute(node: _Node) -> bool:
+    """Whether cel-go plans `node` as an attribute (interpreter/attributes.go): a variable, a
+    selection or index of one, a conditional. An attribute used as an index is resolved as a
+    qualifier without a cost of its own."""
+    if isinstance(node, _Ident):
+        return node.name not in _TYPE_IDENTS
+    if isinstance(node, _Select):
+        return not node.test
+    return isinstance(node, _Call) and node.function in ("_[_]", "_?_:_")
+
+
+def _relative(operand: _Node) -> bool:
+    """Whether a selection or index of `operand` starts a relative attribute, which costs one more
+    than its qualifiers (cel-go's evalAttr is observed): any operand but a variable, a conditional
+    or another selection or index (the chain's first link pays)."""
+    if isinstance(operand, _Ident) or (isinstance(operand, _Select) and not operand.test):
+        return False
+    return not (isinstance(operand, _Call) and operand.function in ("_[_]", "_?_:_"))
 
 
 def _constant_set(node: _Node) -> bool:
@@ -80,10 +90,12 @@ class _Interpreter:
         if isinstance(node, _Lit):
             return node.value
         if isinstance(node, _Ident):
-            self.cost.charge(SELECT_COST)
             if node.name in scope:
+                self.cost.charge(SELECT_COST)
                 return scope[node.name]
-            return _TypeValue(node.name)
+            return _TypeValue(node.name)  # a type name: a constant
+        if isinstance(node, _Call) and self.constant(node):
+            return self.folded(node, scope)
         if isinstance(node, _Select):
             return self.select(node, scope)
         if isinstance(node, _ListLit):
@@ -98,6 +110,14 @@ class _Interpreter:
         assert isinstance(node, _Call)
         return self.call(node, scope)
 
+    def folded(self, node: _Call, scope: Mapping[str, Any]) -> Any:
+        """A constant folded when the program is planned: evaluated without a cost."""
+        spending, self.cost = self.cost, _Cost()
+        try:
+            return self.call(node, scope)
+        finally:
+            self.cost = spending
+
     def branch(self, node: _Node, scope: Mapping[str, Any]) -> Any:
         """A conditional's branch: cel-go plans it as an attribute of the conditional, so a
         branch's root identifier is read without the tracker seeing it (its selections are)."""
@@ -110,6 +130,8 @@ class _Interpreter:
     def select(self, node: _Select, scope: Mapping[str, Any], *, root: bool = False) -> Any:
         operand = self.branch(node.operand, scope) if root else self.eval(node.operand, scope)
         if not node.test:  # presence tests are free in the Kubernetes environment
+            self.cost.charge(SELECT_COST)
+        if _relative(node.operand):
             self.cost.charge(SELECT_COST)
         if isinstance(operand, dict):
             if node.test:
@@ -141,27 +163,38 @@ class _Interpreter:
             if not isinstance(cond, bool):
                 raise _no_overload()
             return self.branch(node.args[1] if cond else node.args[2], scope)
-        target = self.eval(node.target, scope) if node.target is not None else None
-        args = [self.eval(a, scope) for a in node.args]
+        # cel-go passes an error on as a value: the call that receives it, or fails, is still
+        # charged (what a `||`, `&&` or comprehension that absorbs the error adds up).
+        index = (not _attribute(node.args[1])) + _relative(node.args[0]) if name == "_[_]" else 0
+        try:
+            target = self.eval(node.target, scope) if node.target is not None else None
+            args = [self.eval(a, scope) for a in node.args]
+        except _RuntimeError as error:
+            if not error.message.startswith("operation cancelled"):
+                self.cost.charge(index if name == "_[_]" else 1)
+            raise
         if name in _UNSUPPORTED or name.startswith("format."):
             raise _RuntimeError(
                 f"function '{name}' is in the scheduler's CEL environment, but not evaluated here"
             )
         impl = _FUNCTIONS.get(name)
         values = [target, *args] if node.target is not None else args
-        if impl is None:
-            raise _dispatch_error(name, values)
+        if name == "_[_]":  # an index is a qualifier of an attribute, charged before the lookup
+            self.cost.charge(index)
         try:
-            result = impl(node.target is not None, *values)
+            if impl is None:
+                raise _dispatch_error(name, values)
+            try:
+                result = impl(node.target is not None, *values)
+            except (TypeError, AttributeError, IndexError, KeyError, ValueError):
+                raise _dispatch_error(name, values) from None
         except _RuntimeError:
+            if name != "_[_]":
+                self.cost.charge(1)
             raise
-        except (TypeError, AttributeError, IndexError, KeyError, ValueError):
-            raise _dispatch_error(name, values) from None
-        if name == "_[_]":
-            self.cost.charge(SELECT_COST)  # an index is a qualifier of an attribute
-        elif name == "@in" and self.optimize and _constant_set(node.args[1]):
+        if name == "@in" and self.optimize and _constant_set(node.args[1]):
             pass  # a set lookup, not a call
-        elif not (name in _CONVERSIONS and node.args and self.constant(node.args[0])):
+        elif name != "_[_]":
             self.cost.charge(_call_cost(name, values, result))
         return result
 
@@ -200,7 +233,7 @@ class _Interpreter:
         elif isinstance(rng, dict):
             pairs = [(k, k if node.var2 is None else v) for k, v in rng.items()]
         else:
-            raise _no_overload()
+            raise _RuntimeError(f"got '{_go_type(rng)}', expected iterable type")
         if not self.optimize:  # the accumulator's empty literal is built, not folded
             self.cost.charge(_ACCUMULATOR_INIT.get(node.kind, 0))
         fold = _Fold(self, node, inner)

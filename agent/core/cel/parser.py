@@ -139,10 +139,13 @@ class _Parser:
                 self.take()
                 if optional >= 0:
                     node = self.error(optional, _OPTIONAL)
+                elif name.kind == "escident":  # cel-go v0.26's parser has no backquoted fields yet
+                    self.errors.append((name.pos, "unsupported syntax: '`'"))
+                    node = _Select(dot.pos, node, name.text)
                 elif name.kind == "ident" and self.is_op("("):
                     node = self.member_call(node, name)
                 else:
-                    node = _Select(dot.pos, node, name.text.strip("`"))
+                    node = _Select(dot.pos, node, name.text)
             elif self.is_op("["):
                 bracket = self.take()
                 optional = self.take().pos if self.is_op("?") else -1

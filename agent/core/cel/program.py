@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from agent.core.cel.ast import _Node
 from agent.core.cel.checker import _Checker
 from agent.core.cel.errors import MAX_EXPRESSION, CelCompileError, _located
+from agent.core.cel.names import _qualify
 from agent.core.cel.parser import _parse, _SyntaxError
 from agent.core.cel.types import _DEVICE, _T, _fmt, _is_dyn
 from agent.core.cel.validators import _plan_errors, _validate
@@ -49,6 +50,7 @@ def _program(
         raise CelCompileError("compilation failed: expression nests too deeply") from None
     output: _T = "dyn"
     if not errors:
+        ast = _qualify(ast, [name for name, _ in declarations])
         checker = _Checker()
         output = checker.check(ast, dict(declarations))
         errors = checker.errors or _validate(ast, checker.types)

@@ -23,7 +23,7 @@ def _fmt(t: _T) -> str:
         if t[0] == "list":
             return f"list({_fmt(t[1])})"
         return f"map({_fmt(t[1])}, {_fmt(t[2])})"
-    return str(t)
+    return "null" if t == "null_type" else str(t)  # cel-go's checker names the null type "null"
 
 
 def _is_dyn(t: _T) -> bool:
@@ -51,9 +51,8 @@ def _unify(param: _T, arg: _T, binding: dict[str, _T]) -> bool:
             return True
         if _is_dyn(arg):
             return True
-        if bound in _NUMERIC and arg in _NUMERIC:  # heterogeneous numeric equality
-            return True
-        return _unify(bound, arg, binding) or bound == "null_type" or arg == "null_type"
+        # No numeric or null leniency: cel-go's checker rejects `1 == 1.0`, `1 == null`, `1 in [1.0]`.
+        return _unify(bound, arg, binding)
     if _is_dyn(arg) or _is_dyn(param):
         return True
     if isinstance(param, tuple):

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from agent.core.cel.ast import _Call, _Comprehension, _ListLit, _Lit, _MapLit, _Node, _Select
+from agent.core.cel.ast import _Call, _Comprehension, _Ident, _ListLit, _Lit, _MapLit, _Node, _Select
 from agent.core.cel.errors import _RuntimeError
 from agent.core.cel.library import _FUNCTIONS
 from agent.core.cel.library.format import _clause_error, _FormatError, _parse_format
 from agent.core.cel.library.regex import _re
-from agent.core.cel.types import _T, _fmt, _is_dyn
+from agent.core.cel.types import _T, _TYPE_IDENTS, _fmt, _is_dyn
 
 _CONVERSIONS = frozenset({"int", "uint", "double", "string", "bytes", "bool", "dyn", "type"})
 
@@ -59,7 +59,7 @@ def _homogeneous(node: _Node, types: Mapping[int, _T], *, exempt: bool) -> list[
     if not exempt and isinstance(node, _ListLit):
         errors.extend(_mismatch(list(node.items), types))
     if not exempt and isinstance(node, _MapLit):
-        errors.extend(_mismatch([k for k, _ in node.entries], types))
+        errors.extend(_mismatch([k for k, _ in node.entries], types, every=True))
         errors.extend(_mismatch([v for _, v in node.entries], types, every=True))
     exempt = exempt or (isinstance(node, _Call) and node.function == "format")
     for child in _children(node):
@@ -137,9 +137,11 @@ _STRING_TYPES = ("int", "uint", "double", "bool", "string", "bytes", "type", "nu
 
 def _bad_argument(arg: _Node, verb: str, types: Mapping[int, _T]) -> tuple[_Node, str] | None:
     t = types.get(id(arg), "dyn")
+    if t == "any":  # a device attribute (AnyType): no clause takes it (the referee says so)
+        return arg, _clause_error(verb, "google.protobuf.Any")
     if verb == "s":
         if not (_is_dyn(t) or t in _STRING_TYPES or (isinstance(t, tuple) and t[0] in ("list", "map"))):
-            return arg, _clause_error("s", _fmt(t))
+            return arg, _clause_error("s", str(t))  # the runtime type name: `null_type`
         children: list[_Node] = []
         if isinstance(arg, _ListLit):
             children = list(arg.items)
@@ -152,7 +154,42 @@ def _bad_argument(arg: _Node, verb: str, types: Mapping[int, _T]) -> tuple[_Node
         return None
     if _is_dyn(t) or t in _VERB_TYPES[verb]:
         return None
-    return arg, _clause_error(verb, _fmt(t) if not isinstance(t, tuple) else t[0])
+    return arg, _clause_error(verb, str(t) if not isinstance(t, tuple) else t[0])
+
+
+def _constant(node: _Node) -> bool:
+    """Whether cel-go folds `node` into a constant when it plans the program (interpreter/
+    decorators.go decOptimize: literals of constants and conversions of a constant, bottom up)."""
+    if isinstance(node, _Lit):
+        return True
+    if isinstance(node, _Ident):
+        return node.name in _TYPE_IDENTS  # a type name is planned as a constant
+    if isinstance(node, _ListLit):
+        return all(_constant(i) for i in node.items)
+    if isinstance(node, _MapLit):
+        return all(_constant(k) and _constant(v) for k, v in node.entries)
+    if isinstance(node, _Call):
+        conversion = node.function in _CONVERSIONS and node.target is None and len(node.args) == 1
+        return conversion and _constant(node.args[0])
+    return False
+
+
+def _bad_qualifier(index: _Node) -> str:
+    """The Go type of a constant index cel-go cannot make a qualifier of (interpreter/
+    attributes.go newQualifier), else ``""``."""
+    while isinstance(index, _Call) and index.function == "dyn" and len(index.args) == 1:
+        index = index.args[0]
+    if not _constant(index):
+        return ""
+    if isinstance(index, _ListLit):
+        return "*types.baseList"
+    if isinstance(index, _MapLit):
+        return "*types.baseMap"
+    if isinstance(index, _Call) and index.function == "bytes":
+        return "types.Bytes"
+    if isinstance(index, _Lit) and (index.value is None or isinstance(index.value, bytes)):
+        return "types.Null" if index.value is None else "types.Bytes"
+    return ""
 
 
 def _plan_errors(ast: _Node) -> str | None:
@@ -162,6 +199,8 @@ def _plan_errors(ast: _Node) -> str | None:
     pattern while planning, so their errors come before any evaluation.
     """
     for call in _calls(ast):
+        if call.function == "_[_]" and (bad := _bad_qualifier(call.args[1])):
+            return f"invalid qualifier type: {bad}"
         if call.function in _CONVERSIONS and len(call.args) == 1 and isinstance(call.args[0], _Lit):
             try:
                 _FUNCTIONS[call.function](False, call.args[0].value)

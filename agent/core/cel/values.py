@@ -111,6 +111,14 @@ def _type_name(value: Any) -> str:
     return "unknown"
 
 
+def _go_type(value: Any) -> str:
+    """The Go type of a cel-go value, as its panics and iteration errors name it."""
+    name = _type_name(value)
+    if name in ("bool", "int", "uint", "double", "string", "bytes"):
+        return f"types.{name.capitalize()}"
+    return {"null_type": "types.Null", "type": "*types.Type"}.get(name, name)
+
+
 def _show(value: Any) -> str:
     if isinstance(value, str):
         return value

@@ -74,19 +74,23 @@ _SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 
 
 def _printer_float(number: float, verb: str, digits: int) -> str:
-    """golang.org/x/text's en_US printer, which cel-go's ``%f``/``%e`` clauses use.
+    """golang.org/x/text's en_US printer (v0.33.0, what Kubernetes 1.36 builds cel-go with), which
+    cel-go's ``%f``/``%e`` clauses use; the cel-go referee (benchmarks/cel_conformance/referee)
+    printed what this reproduces.
 
-    ``%f`` groups thousands (``1,234.500000``); ``%e`` writes ``1.052033``, a narrow no-break
-    space, the multiplication sign, another, ``10`` and the exponent in superscript digits
-    (``⁰³``); infinities are ``∞``.
+    ``%f`` groups thousands (``1,234.500000``), infinities are ``∞``. ``%e`` ignores the precision
+    (always 6 digits) and writes ``1.052033\u00d710⁰³`` (the multiplication sign, ``10`` and an
+    exponent of at least two superscript digits, no spaces); its infinities and NaN are padded
+    to six characters (``     ∞``).
     """
-    if math.isnan(number):
-        return "NaN"
-    if math.isinf(number):
-        return "∞" if number > 0 else "-∞"
+    if verb == "e":
+        digits = 6
+    if math.isnan(number) or math.isinf(number):
+        text = "NaN" if math.isnan(number) else "∞" if number > 0 else "-∞"
+        return text.rjust(6) if verb == "e" else text
     if verb == "f":
         return format(number, f",.{digits}f")
     mantissa, _, exponent = format(number, f".{digits}e").partition("e")
     exp = int(exponent)
     power = (("-" if exp < 0 else "") + f"{abs(exp):02d}").translate(_SUPERSCRIPT)
-    return f"{mantissa}\u202f\u00d7\u202f10{power}"
+    return f"{mantissa}\u00d710{power}"

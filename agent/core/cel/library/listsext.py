@@ -12,7 +12,7 @@ from typing import Any
 from agent.core.cel.errors import MAX_LIST, _RuntimeError
 from agent.core.cel.library.arguments import _i, _l
 from agent.core.cel.library.operators import _compare, _equal
-from agent.core.cel.values import _type_name
+from agent.core.cel.values import _go_type, _type_name
 
 
 def _slice(member: bool, items: Any, start: Any, end: Any) -> list[Any]:
@@ -29,6 +29,14 @@ def _slice(member: bool, items: Any, start: Any, end: Any) -> list[Any]:
 
 
 def _flatten(member: bool, items: Any, *depth: Any) -> list[Any]:
+    if not isinstance(items, list):  # cel-go ext/lists.go names the receiver's type
+        shown = {"list": "list(dyn)", "map": "map(dyn, dyn)"}.get(_type_name(items), _type_name(items))
+        args = _type_name(depth[0]) if depth else ""
+        raise _RuntimeError(f"no such overload: {shown}.flatten({args})")
+    if depth and _type_name(depth[0]) != "int":  # cel-go v0.26 panics on the type assertion
+        raise _RuntimeError(
+            f"internal error: interface conversion: ref.Val is {_go_type(depth[0])}, not types.Int"
+        )
     level = _i(depth[0]) if depth else 1
     if level < 0:
         raise _RuntimeError("level must be non-negative")

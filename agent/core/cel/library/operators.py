@@ -45,7 +45,7 @@ def _equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _compare(a: Any, b: Any) -> int:
+def _compare(a: Any, b: Any, name: str = "") -> int:
     if _is_num(a) and _is_num(b):
         if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
             raise _RuntimeError("NaN values cannot be ordered")
@@ -55,7 +55,8 @@ def _compare(a: Any, b: Any) -> int:
         return (int(a) > int(b)) - (int(a) < int(b))
     if type(a) is type(b) and isinstance(a, str | bytes | bool):
         return int((a > b) - (a < b))
-    raise _no_overload()
+    # cel-go: a left operand without the Comparer trait (null, list, map, type) names the operator.
+    raise _no_overload("" if _is_num(a) or isinstance(a, str | bytes | bool) else name)
 
 
 def _arith(op: str, a: Any, b: Any) -> Any:
@@ -127,7 +128,7 @@ def _binary(name: str) -> Callable[..., Any]:
                 raise _RuntimeError(f"no such key: {_show(b)}")
             raise TypeError
         if name in ("_<_", "_<=_", "_>_", "_>=_"):
-            c = _compare(a, b)
+            c = _compare(a, b, name)
             return {"_<_": c < 0, "_<=_": c <= 0, "_>_": c > 0, "_>=_": c >= 0}[name]
         return _arith(name, a, b)
 
